@@ -1,0 +1,195 @@
+//! Write a Ratchet stage plugin in Rust: implement [`Stage`], call
+//! [`export_stage!`], build for `wasm32-wasip2`. The WIT bindings stay hidden.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        world: "stage",
+        path: "wit",
+        pub_export_macro: true,
+        export_macro_name: "__export_stage_world",
+        default_bindings_module: "::ratchet_plugin_sdk::bindings",
+    });
+}
+
+use bindings::ratchet::stage::types;
+pub use bindings::ratchet::stage::log::Level;
+pub use bindings::ratchet::stage::model::ModelError;
+
+/// A stage: a manifest and one function from canonical inputs to proposed
+/// outputs. The host may call `run` more than once for the same stage of the
+/// same run (retries); only the first committed proposal is kept.
+pub trait Stage {
+    /// The plugin manifest, as TOML; usually `include_str!("../plugin.toml")`.
+    const MANIFEST: &'static str;
+
+    fn run(ctx: &Context, inputs: &Inputs) -> Result<Outputs, Error>;
+}
+
+/// Exports a [`Stage`] implementation as this component's `stage` world.
+#[macro_export]
+macro_rules! export_stage {
+    ($stage:ty) => {
+        struct __RatchetStageExport;
+        impl $crate::bindings::Guest for __RatchetStageExport {
+            fn describe() -> ::std::string::String {
+                <$stage as $crate::Stage>::MANIFEST.to_string()
+            }
+            fn run(
+                ctx: $crate::bindings::StageContext,
+                inputs: ::std::vec::Vec<$crate::bindings::Artifact>,
+            ) -> ::std::result::Result<
+                ::std::vec::Vec<$crate::bindings::Artifact>,
+                $crate::bindings::StageError,
+            > {
+                $crate::__run::<$stage>(ctx, inputs)
+            }
+        }
+        $crate::bindings::__export_stage_world!(__RatchetStageExport);
+    };
+}
+
+#[doc(hidden)]
+pub fn __run<S: Stage>(
+    ctx: types::StageContext,
+    inputs: Vec<types::Artifact>,
+) -> Result<Vec<types::Artifact>, types::StageError> {
+    let ctx = Context { inner: ctx };
+    let inputs = Inputs {
+        by_name: inputs.into_iter().map(|a| (a.name.clone(), a)).collect(),
+    };
+    match S::run(&ctx, &inputs) {
+        Ok(outputs) => Ok(outputs.artifacts),
+        Err(Error { retryable: true, message }) => Err(types::StageError::Retryable(message)),
+        Err(Error { retryable: false, message }) => Err(types::StageError::Fatal(message)),
+    }
+}
+
+/// Identity of the attempt being run.
+pub struct Context {
+    inner: types::StageContext,
+}
+
+impl Context {
+    pub fn run_id(&self) -> &str {
+        &self.inner.run_id
+    }
+    pub fn stage(&self) -> &str {
+        &self.inner.stage
+    }
+    /// 1 for the first attempt.
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+    /// The same for every attempt of this stage in this run: hand it to
+    /// external systems so that a retried side effect is applied once.
+    pub fn idempotency_key(&self) -> &str {
+        &self.inner.idempotency_key
+    }
+    pub fn log(&self, level: Level, message: &str) {
+        bindings::ratchet::stage::log::log(level, message);
+    }
+    pub fn info(&self, message: &str) {
+        self.log(Level::Info, message);
+    }
+    /// Asks the model. The host journals the answer before returning it: a
+    /// retried attempt gets the answers earlier attempts got, call by call.
+    pub fn generate(&self, prompt: &str) -> Result<String, Error> {
+        let request = bindings::ratchet::stage::model::Request {
+            prompt: prompt.to_string(),
+            max_tokens: None,
+        };
+        bindings::ratchet::stage::model::generate(&request).map_err(Error::from)
+    }
+}
+
+/// The canonical inputs of this attempt, by input name.
+pub struct Inputs {
+    by_name: BTreeMap<String, types::Artifact>,
+}
+
+impl Inputs {
+    pub fn bytes(&self, name: &str) -> Result<&[u8], Error> {
+        self.by_name
+            .get(name)
+            .map(|a| a.bytes.as_slice())
+            .ok_or_else(|| Error::fatal(format!("input `{name}` was not provided")))
+    }
+    pub fn text(&self, name: &str) -> Result<&str, Error> {
+        std::str::from_utf8(self.bytes(name)?)
+            .map_err(|e| Error::fatal(format!("input `{name}` is not UTF-8: {e}")))
+    }
+    pub fn json<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<T, Error> {
+        serde_json::from_slice(self.bytes(name)?)
+            .map_err(|e| Error::fatal(format!("input `{name}` is not the expected JSON: {e}")))
+    }
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+}
+
+/// The outputs an attempt proposes.
+#[derive(Default)]
+pub struct Outputs {
+    artifacts: Vec<types::Artifact>,
+}
+
+impl Outputs {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn bytes(mut self, name: &str, media_type: &str, bytes: Vec<u8>) -> Self {
+        self.artifacts.push(types::Artifact {
+            name: name.to_string(),
+            media_type: media_type.to_string(),
+            bytes,
+        });
+        self
+    }
+    pub fn text(self, name: &str, text: impl Into<String>) -> Self {
+        self.bytes(name, "text/plain; charset=utf-8", text.into().into_bytes())
+    }
+    pub fn json<T: serde::Serialize>(self, name: &str, value: &T) -> Result<Self, Error> {
+        let bytes = serde_json::to_vec(value)
+            .map_err(|e| Error::fatal(format!("output `{name}` cannot be encoded: {e}")))?;
+        Ok(self.bytes(name, "application/json", bytes))
+    }
+}
+
+/// A failed attempt: retryable (tried again with backoff) or fatal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    pub retryable: bool,
+    pub message: String,
+}
+
+impl Error {
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Self { retryable: true, message: message.into() }
+    }
+    pub fn fatal(message: impl Into<String>) -> Self {
+        Self { retryable: false, message: message.into() }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.retryable { "retryable" } else { "fatal" };
+        write!(f, "{kind}: {}", self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<ModelError> for Error {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Unavailable(m) => Error::retryable(format!("model unavailable: {m}")),
+            ModelError::AccessDenied(m) => Error::fatal(format!("model access denied: {m}")),
+            ModelError::Rejected(m) => Error::fatal(format!("model rejected the call: {m}")),
+        }
+    }
+}

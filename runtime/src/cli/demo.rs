@@ -1,0 +1,259 @@
+//! `ratchet demo`: the local value trap, shown on a real crash. A worker
+//! process dies right after the model answered; the retry is handed the same
+//! answer from the journal and the pipeline continues with it.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use super::Env;
+use crate::bundled;
+use crate::crash::CRASH_EXIT_CODE;
+use crate::digest::sha256_hex;
+use crate::manifest::Pipeline;
+use crate::registry;
+use crate::worker::{self, WorkerOptions};
+
+const CRASH_LEASE_MS: &str = "1500";
+
+pub async fn run(env: &Env, runs: u32) -> Result<ExitCode> {
+    println!("Ratchet demo on {}\n", env.db);
+    let mut names = Vec::new();
+    for (_, bytes) in bundled::PLUGINS {
+        let r =
+            registry::plugin_register(&env.store, &env.host, bytes.to_vec(), env.clock.as_ref())
+                .await?;
+        names.push(format!("{}@{}", r.manifest.name, r.manifest.version));
+    }
+    println!("1. Registered the bundled plugins: {}.", names.join(", "));
+
+    let pipeline = Pipeline::parse("plugins/demo.toml", bundled::DEMO_PIPELINE)?;
+    let mut run_ids = Vec::new();
+    for i in 1..=runs {
+        let input = format!("release {i} of the demo").into_bytes();
+        let outcome = registry::run_submit(
+            env.store.as_ref(),
+            &pipeline,
+            input,
+            None,
+            env.clock.as_ref(),
+        )
+        .await?;
+        run_ids.push(outcome.run_id().to_string());
+    }
+    println!(
+        "2. Submitted {runs} runs of pipeline `demo` (draft -> verify, publish -> prepare-next)."
+    );
+
+    let crashed = crash_a_worker(env).await?;
+    println!("4. Running workers in this process until every run is finished...");
+    let sched = env.scheduler(super::default_worker_id(), 60_000);
+    let opts = WorkerOptions {
+        concurrency: 4,
+        until_idle: true,
+        ..WorkerOptions::default()
+    };
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let stats = worker::run(sched, env.clock.clone(), opts, stopped).await?;
+    println!("   {}.\n", stats.summary());
+
+    if crashed {
+        tell_the_story(env, &run_ids).await?;
+    }
+    summary_table(env, &run_ids).await?;
+    let report = crate::audit::audit(&env.store.audit_facts().await?);
+    if report.is_clean() {
+        println!(
+            "\nAudit: all three invariants hold over {} runs, {} jobs, {} attempts (`ratchet audit`).",
+            report.runs, report.jobs, report.attempts
+        );
+        println!(
+            "Inspect a run with `ratchet status RUN` and `ratchet artifacts RUN draft.draft`."
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("\nAudit FAILED:");
+        for v in &report.violations {
+            println!(
+                "  [{}] run {} stage {}: {}",
+                v.invariant, v.run_id, v.stage, v.detail
+            );
+        }
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// Starts `ratchet worker` as a child process that exits at the
+/// `after_model_call` crash point. Returns whether it crashed there.
+async fn crash_a_worker(env: &Env) -> Result<bool> {
+    if !cfg!(feature = "failpoints") {
+        println!(
+            "3. (This build has no crash points; skipping the crash. Build with default features to see it.)"
+        );
+        return Ok(false);
+    }
+    let exe = std::env::current_exe().context("cannot find the ratchet executable")?;
+    println!("3. Starting a worker process that will die right after its first model call");
+    println!(
+        "   (FAILPOINTS=after_model_call=return(exit)): answer journaled, stage not finished."
+    );
+    let status = tokio::process::Command::new(exe)
+        .args([
+            "--db",
+            &env.db,
+            "worker",
+            "--until-idle",
+            "--concurrency",
+            "1",
+        ])
+        .args([
+            "--lease-ms",
+            CRASH_LEASE_MS,
+            "--worker-id",
+            "demo-doomed-worker",
+        ])
+        .env("FAILPOINTS", "after_model_call=return(exit)")
+        .env("RATCHET_LOG", "error")
+        .status()
+        .await
+        .context("cannot start the worker process")?;
+    let crashed = status.code() == Some(CRASH_EXIT_CODE);
+    if crashed {
+        println!("   The worker process died (exit code {CRASH_EXIT_CODE}).");
+    } else {
+        println!("   The worker process ended without crashing ({status}).");
+    }
+    Ok(crashed)
+}
+
+async fn json_artifact(env: &Env, run: &str, stage: &str, output: &str) -> Result<Value> {
+    let a = env
+        .store
+        .artifact_get(run, stage, output)
+        .await?
+        .with_context(|| format!("run {run} has no {stage}.{output}"))?;
+    Ok(serde_json::from_slice(&a.bytes)?)
+}
+
+async fn tell_the_story(env: &Env, run_ids: &[String]) -> Result<()> {
+    for run in run_ids {
+        let calls = env.store.model_call_list(run).await?;
+        let Some(call) = calls.iter().find(|c| c.stage == "draft" && c.attempt == 1) else {
+            continue;
+        };
+        let attempts = env.store.attempt_list(run).await?;
+        let draft_attempts: Vec<_> = attempts.iter().filter(|a| a.stage == "draft").collect();
+        if draft_attempts.len() < 2 {
+            continue;
+        }
+        let draft = env
+            .store
+            .artifact_get(run, "draft", "draft")
+            .await?
+            .context("draft missing")?;
+        let digest = &draft.meta.digest;
+        let same = draft.bytes == call.response.as_bytes();
+        let verify = json_artifact(env, run, "verify", "report").await?;
+        let receipt = json_artifact(env, run, "publish", "receipt").await?;
+        let next = json_artifact(env, run, "prepare-next", "next").await?;
+        let events = env.store.outbox_list(Some(run)).await?;
+        let check = |v: &Value| {
+            if v.as_str() == Some(digest.as_str()) {
+                "yes"
+            } else {
+                "NO"
+            }
+        };
+        println!("What happened to run {run}:");
+        println!("   attempt 1 of `draft` asked the model and got:");
+        println!("      \"{}\"", call.response);
+        println!(
+            "   the host journaled that answer (model_calls, call #0), then the process died."
+        );
+        println!(
+            "   attempt {} of `draft` (worker {}) made the same call; the host replayed the",
+            draft.meta.attempt,
+            draft_attempts
+                .last()
+                .map(|a| a.worker.as_str())
+                .unwrap_or("?")
+        );
+        println!(
+            "   journaled answer instead of drawing a new one from a non-deterministic model."
+        );
+        println!(
+            "   committed draft: sha256 {}; equal to attempt 1's answer: {}",
+            digest,
+            if same { "yes" } else { "NO" }
+        );
+        println!(
+            "   verify consumed it:        {}",
+            check(&verify["draft_sha256"])
+        );
+        println!(
+            "   publish consumed it:       {}",
+            check(&receipt["draft_sha256"])
+        );
+        println!(
+            "   prepare-next consumed it:  {}",
+            check(&next["published_sha256"])
+        );
+        println!(
+            "   `draft.published` outbox events: {} (payload names the draft digest: {})\n",
+            events
+                .iter()
+                .filter(|e| e.event == "draft.published")
+                .count(),
+            if events.iter().any(|e| e.payload.contains(digest.as_str())) {
+                "yes"
+            } else {
+                "NO"
+            }
+        );
+        let _ = sha256_hex;
+        return Ok(());
+    }
+    println!("(No run shows a replayed model answer; the crash hit before the journal.)\n");
+    Ok(())
+}
+
+async fn summary_table(env: &Env, run_ids: &[String]) -> Result<()> {
+    println!(
+        "{:<38} {:<10} {:>6} {:>7} {:>8} {:>13}  DRAFT",
+        "RUN", "STATE", "draft", "verify", "publish", "prepare-next"
+    );
+    for run in run_ids {
+        let Some(row) = env.store.run_get(run).await? else {
+            continue;
+        };
+        let jobs = env.store.job_list(run).await?;
+        let attempts = |stage: &str| {
+            jobs.iter()
+                .find(|j| j.stage == stage)
+                .map(|j| {
+                    format!(
+                        "{}x{}",
+                        j.state.as_str().chars().next().unwrap_or('?'),
+                        j.attempt
+                    )
+                })
+                .unwrap_or_default()
+        };
+        let draft = env.store.artifact_get(run, "draft", "draft").await?;
+        println!(
+            "{:<38} {:<10} {:>6} {:>7} {:>8} {:>13}  {}",
+            run,
+            row.state,
+            attempts("draft"),
+            attempts("verify"),
+            attempts("publish"),
+            attempts("prepare-next"),
+            draft
+                .map(|d| d.meta.digest[..12].to_string())
+                .unwrap_or_default()
+        );
+    }
+    println!("(per stage: state initial x attempts; s = succeeded)");
+    Ok(())
+}

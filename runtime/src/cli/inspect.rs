@@ -1,0 +1,201 @@
+//! Read-only commands: `plugin list`, `status`, `artifacts`, `audit`.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use super::{BadInput, Env};
+use crate::store::{JobRow, PluginSummary};
+
+pub async fn plugin_list(env: &Env) -> Result<ExitCode> {
+    let plugins = env.store.plugin_list().await?;
+    if plugins.is_empty() {
+        println!(
+            "no plugins registered (add one with `ratchet plugin add FILE.wasm`, or run `ratchet demo`)"
+        );
+    }
+    for p in plugins {
+        let yanked = if p.yanked { "  (yanked)" } else { "" };
+        println!(
+            "{:<16} {:<10} {}  {:>9} bytes{yanked}",
+            p.name,
+            p.version,
+            &p.digest[..16],
+            p.size
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn short(digest: &str) -> &str {
+    &digest[..digest.len().min(12)]
+}
+
+async fn plugin_names(env: &Env) -> Result<HashMap<String, PluginSummary>> {
+    Ok(env
+        .store
+        .plugin_list()
+        .await?
+        .into_iter()
+        .map(|p| (p.digest.clone(), p))
+        .collect())
+}
+
+pub async fn status(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode> {
+    let Some(run_id) = run else {
+        let runs = env.store.run_list().await?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&runs)?);
+        } else {
+            println!("{:<38} {:<12} {:<10}", "RUN", "PIPELINE", "STATE");
+            for r in runs {
+                println!("{:<38} {:<12} {:<10}", r.id, r.pipeline, r.state);
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let Some(run) = env.store.run_get(run_id).await? else {
+        return Err(BadInput(format!(
+            "run `{run_id}` does not exist (list runs with `ratchet status`)"
+        ))
+        .into());
+    };
+    let jobs = env.store.job_list(run_id).await?;
+    let artifacts = env.store.artifact_list(run_id).await?;
+    let plugins = plugin_names(env).await?;
+    let plugin_label = |j: &JobRow| {
+        plugins
+            .get(&j.plugin_digest)
+            .map(|p| format!("{}@{}", p.name, p.version))
+            .unwrap_or_else(|| short(&j.plugin_digest).to_string())
+    };
+    if json {
+        let stages: Vec<_> = jobs
+            .iter()
+            .map(|j| {
+                let outputs: HashMap<&str, &str> = artifacts
+                    .iter()
+                    .filter(|a| a.stage == j.stage)
+                    .map(|a| (a.output.as_str(), a.digest.as_str()))
+                    .collect();
+                serde_json::json!({
+                    "stage": j.stage, "state": j.state, "attempts": j.attempt,
+                    "plugin": plugin_label(j), "plugin_digest": j.plugin_digest,
+                    "artifacts": outputs, "last_error": j.last_error,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "run": run, "stages": stages }))?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("run {} ({}): {}", run.id, run.pipeline, run.state);
+    println!(
+        "{:<14} {:<10} {:>8}  {:<20} ARTIFACTS",
+        "STAGE", "STATE", "ATTEMPTS", "PLUGIN"
+    );
+    for j in &jobs {
+        let outs: Vec<String> = artifacts
+            .iter()
+            .filter(|a| a.stage == j.stage)
+            .map(|a| format!("{}={}", a.output, short(&a.digest)))
+            .collect();
+        println!(
+            "{:<14} {:<10} {:>8}  {:<20} {}",
+            j.stage,
+            j.state.as_str(),
+            j.attempt,
+            plugin_label(j),
+            outs.join(" ")
+        );
+        if let Some(e) = &j.last_error {
+            println!("{:<14} last error: {e}", "");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn artifacts(
+    env: &Env,
+    run_id: &str,
+    which: Option<&str>,
+    raw: bool,
+) -> Result<ExitCode> {
+    if env.store.run_get(run_id).await?.is_none() {
+        return Err(BadInput(format!(
+            "run `{run_id}` does not exist (list runs with `ratchet status`)"
+        ))
+        .into());
+    }
+    let Some(which) = which else {
+        for a in env.store.artifact_list(run_id).await? {
+            let by = a.plugin_digest.as_deref().map(short).unwrap_or("-");
+            println!(
+                "{:<24} {:>8} bytes  {}  attempt {}  plugin {by}",
+                format!("{}.{}", a.stage, a.output),
+                a.size,
+                a.digest,
+                a.attempt
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    let Some((stage, output)) = which.split_once('.') else {
+        return Err(BadInput(format!("`{which}` is not STAGE.OUTPUT (e.g. draft.draft)")).into());
+    };
+    let Some(artifact) = env.store.artifact_get(run_id, stage, output).await? else {
+        return Err(BadInput(format!(
+            "run `{run_id}` has no artifact `{which}` (list them with `ratchet artifacts {run_id}`)"
+        ))
+        .into());
+    };
+    if raw {
+        std::io::stdout().write_all(&artifact.bytes)?;
+    } else {
+        println!(
+            "{which}  {}  {} bytes  {}",
+            artifact.meta.digest, artifact.meta.size, artifact.meta.media_type
+        );
+        match std::str::from_utf8(&artifact.bytes) {
+            Ok(text) => println!("{text}"),
+            Err(_) => println!("(binary; use --raw)"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn audit(env: &Env, json: bool) -> Result<ExitCode> {
+    let facts = env.store.audit_facts().await?;
+    let report = crate::audit::audit(&facts);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "audited {} runs, {} jobs, {} attempts, {} artifacts: {}",
+            report.runs,
+            report.jobs,
+            report.attempts,
+            report.artifacts,
+            if report.is_clean() {
+                "all invariants hold".to_string()
+            } else {
+                format!("{} violations", report.violations.len())
+            }
+        );
+        for v in &report.violations {
+            println!(
+                "  [{}] run {} stage {}: {}",
+                v.invariant, v.run_id, v.stage, v.detail
+            );
+        }
+    }
+    Ok(if report.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

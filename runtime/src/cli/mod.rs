@@ -1,0 +1,374 @@
+//! The `ratchet` command line. Bad input gets one line on stderr and exit
+//! code 2; a failed audit exits 1.
+
+mod demo;
+mod inspect;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+use crate::clock::{Clock, SystemClock};
+use crate::manifest::{ManifestError, Pipeline};
+use crate::model::StochasticModel;
+use crate::plugin::{PluginError, PluginHost};
+use crate::registry::{self, RegistryError};
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::store::{self, PluginPutOutcome, Store, StoreError};
+use crate::worker::{self, WorkerOptions};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ratchet",
+    version,
+    about = "Durable pipelines of sandboxed Wasm stages"
+)]
+pub struct Cli {
+    /// Database URL: sqlite://PATH (created if missing).
+    #[arg(
+        long,
+        global = true,
+        env = "RATCHET_DB",
+        default_value = "sqlite://ratchet.db"
+    )]
+    pub db: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Register the bundled plugins, run the demo pipeline through a real
+    /// worker crash, and tell what happened.
+    Demo {
+        /// How many runs of the demo pipeline to submit.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        runs: u32,
+    },
+    /// Manage registered plugins.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+    /// Submit a run of a pipeline file; prints the run id.
+    Run {
+        pipeline: PathBuf,
+        /// File whose bytes become the run's `$input`.
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// Submitting twice with one key creates one run.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// Claim and run stages until stopped (SIGTERM / Ctrl-C) or idle.
+    Worker {
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        concurrency: u32,
+        /// Exit once no stage is ready or running.
+        #[arg(long)]
+        until_idle: bool,
+        /// How long a claim is owned before another worker may take it over.
+        #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(100..))]
+        lease_ms: u64,
+        /// Recorded on leases and attempts (default: host:pid).
+        #[arg(long)]
+        worker_id: Option<String>,
+        /// After a stop signal, how long in-flight attempts may finish.
+        #[arg(long, default_value_t = 30)]
+        grace_secs: u64,
+    },
+    /// List runs, or show one run's stages.
+    Status {
+        run: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a run's artifacts, or print one.
+    Artifacts {
+        run: String,
+        /// STAGE.OUTPUT
+        artifact: Option<String>,
+        /// Write the artifact's exact bytes to stdout.
+        #[arg(long, requires = "artifact")]
+        raw: bool,
+    },
+    /// Check the three invariants over the whole database.
+    Audit {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Repair continuations that slipped (expired leases, edge counts).
+    Reconcile,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Validate and register a component.
+    Add { file: PathBuf },
+    /// List registered plugins.
+    List,
+}
+
+/// An error in what the user gave us (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let default_level = if matches!(cli.command, Command::Worker { .. }) {
+        "info"
+    } else {
+        "warn"
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RATCHET_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = crate::crash::setup_from_env() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+fn exit_code(e: &anyhow::Error) -> u8 {
+    let bad_input = e.chain().any(|c| {
+        c.is::<BadInput>()
+            || c.is::<ManifestError>()
+            || matches!(
+                c.downcast_ref::<StoreError>(),
+                Some(StoreError::UnsupportedUrl(_) | StoreError::VersionConflict { .. })
+            )
+            || matches!(
+                c.downcast_ref::<PluginError>(),
+                Some(
+                    PluginError::InvalidComponent(_)
+                        | PluginError::WrongWorld(_)
+                        | PluginError::Manifest(_)
+                )
+            )
+            || matches!(
+                c.downcast_ref::<RegistryError>(),
+                Some(RegistryError::Manifest(_))
+            )
+    });
+    if bad_input { 2 } else { 1 }
+}
+
+/// Everything a command needs, opened once.
+pub struct Env {
+    pub db: String,
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub host: Arc<PluginHost>,
+}
+
+impl Env {
+    pub async fn open(db: &str) -> Result<Self> {
+        check_db_url(db)?;
+        let store = store::open(db)
+            .await
+            .with_context(|| format!("cannot open database `{db}`"))?;
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let host = Arc::new(PluginHost::new(
+            store.clone(),
+            Arc::new(StochasticModel),
+            clock.clone(),
+        )?);
+        Ok(Self {
+            db: db.to_string(),
+            store,
+            clock,
+            host,
+        })
+    }
+
+    pub fn scheduler(&self, worker_id: String, lease_ms: i64) -> Arc<Scheduler> {
+        let mut config = SchedulerConfig::new(worker_id);
+        config.lease_ms = lease_ms;
+        Arc::new(Scheduler::new(
+            self.store.clone(),
+            self.host.clone(),
+            self.clock.clone(),
+            config,
+        ))
+    }
+}
+
+fn check_db_url(db: &str) -> Result<()> {
+    if db.starts_with("sqlite:") {
+        return Ok(());
+    }
+    Err(BadInput(format!(
+        "unsupported database url `{db}`: use sqlite://PATH (e.g. --db sqlite://ratchet.db or RATCHET_DB=sqlite://ratchet.db)"
+    ))
+    .into())
+}
+
+pub fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string());
+    format!("{host}:{}", std::process::id())
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode> {
+    if let Command::Plugin(PluginCommand::Add { file }) = &cli.command {
+        // Read the file before opening (and perhaps creating) the database.
+        if !file.is_file() {
+            return Err(BadInput(format!("cannot read `{}`: no such file", file.display())).into());
+        }
+    }
+    let env = Env::open(&cli.db).await?;
+    match cli.command {
+        Command::Demo { runs } => demo::run(&env, runs).await,
+        Command::Plugin(PluginCommand::Add { file }) => {
+            let bytes = std::fs::read(&file)
+                .map_err(|e| BadInput(format!("cannot read `{}`: {e}", file.display())))?;
+            let registered =
+                registry::plugin_register(&env.store, &env.host, bytes, env.clock.as_ref())
+                    .await
+                    .with_context(|| format!("`{}` was not registered", file.display()))?;
+            let verb = match registered.outcome {
+                PluginPutOutcome::Inserted => "registered",
+                PluginPutOutcome::AlreadyPresent => "already registered",
+            };
+            println!(
+                "{verb} {}@{} ({})",
+                registered.manifest.name, registered.manifest.version, registered.digest
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plugin(PluginCommand::List) => inspect::plugin_list(&env).await,
+        Command::Run {
+            pipeline,
+            input,
+            idempotency_key,
+        } => {
+            let text = std::fs::read_to_string(&pipeline)
+                .map_err(|e| BadInput(format!("cannot read `{}`: {e}", pipeline.display())))?;
+            let parsed = Pipeline::parse(&pipeline.display().to_string(), &text)?;
+            let input = match input {
+                Some(path) => std::fs::read(&path).map_err(|e| {
+                    BadInput(format!("cannot read input `{}`: {e}", path.display()))
+                })?,
+                None => Vec::new(),
+            };
+            let outcome = registry::run_submit(
+                env.store.as_ref(),
+                &parsed,
+                input,
+                idempotency_key,
+                env.clock.as_ref(),
+            )
+            .await?;
+            println!("{}", outcome.run_id());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Worker {
+            concurrency,
+            until_idle,
+            lease_ms,
+            worker_id,
+            grace_secs,
+        } => {
+            let worker_id = worker_id.unwrap_or_else(default_worker_id);
+            let sched = env.scheduler(worker_id.clone(), lease_ms as i64);
+            let opts = WorkerOptions {
+                concurrency: concurrency as usize,
+                until_idle,
+                ..WorkerOptions::default()
+            };
+            tracing::info!(worker = %worker_id, concurrency, "worker started");
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            let mut work = tokio::spawn(worker::run(sched, env.clock.clone(), opts, stopped));
+            let stats = tokio::select! {
+                joined = &mut work => joined??,
+                _ = shutdown_signal() => {
+                    tracing::info!("stopping: letting in-flight attempts finish (up to {grace_secs} s)");
+                    let _ = stop.send(true);
+                    match tokio::time::timeout(Duration::from_secs(grace_secs), &mut work).await {
+                        Ok(joined) => joined??,
+                        Err(_) => {
+                            work.abort();
+                            tracing::warn!("abandoned in-flight attempts; their leases will expire and they will be retried");
+                            return Ok(ExitCode::SUCCESS);
+                        }
+                    }
+                }
+            };
+            tracing::info!("worker stopped: {}", stats.summary());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { run, json } => inspect::status(&env, run.as_deref(), json).await,
+        Command::Artifacts { run, artifact, raw } => {
+            inspect::artifacts(&env, &run, artifact.as_deref(), raw).await
+        }
+        Command::Audit { json } => inspect::audit(&env, json).await,
+        Command::Reconcile => {
+            let report = env.store.reconcile(env.clock.now_ms()).await?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

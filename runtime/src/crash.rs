@@ -1,0 +1,65 @@
+//! Named crash points (DESIGN.md), driven by the `FAILPOINTS` environment
+//! variable when built with the `failpoints` feature.
+//!
+//! `FAILPOINTS="after_commit=return(exit)"` ends the process there with
+//! [`CRASH_EXIT_CODE`]; `FAILPOINTS="after_commit=panic"` panics there.
+
+/// Every crash point, in the order an attempt passes them.
+pub const CRASH_POINTS: [&str; 6] = [
+    "after_claim",
+    "after_model_call",
+    "after_execute",
+    "after_persist",
+    "after_outbox_insert",
+    "after_commit",
+];
+
+/// The exit code of a process ended by a `return(exit)` crash point.
+pub const CRASH_EXIT_CODE: i32 = 86;
+
+/// Passes the named crash point.
+#[inline]
+pub fn point(name: &str) {
+    #[cfg(feature = "failpoints")]
+    fail::eval(name, |arg| {
+        if arg.as_deref() == Some("exit") {
+            tracing::warn!(point = name, "crash point hit: exiting the process");
+            std::process::exit(CRASH_EXIT_CODE);
+        }
+    });
+    #[cfg(not(feature = "failpoints"))]
+    let _ = name;
+}
+
+/// Applies `FAILPOINTS` (`name=action;name=action`) once at start-up.
+///
+/// # Errors
+/// A malformed entry, or a name that is not a crash point, is reported so
+/// the caller can refuse to start instead of silently ignoring it.
+pub fn setup_from_env() -> Result<(), String> {
+    let Ok(spec) = std::env::var("FAILPOINTS") else {
+        return Ok(());
+    };
+    for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((name, action)) = entry.split_once('=') else {
+            return Err(format!(
+                "FAILPOINTS entry `{entry}` is not `name=action` (e.g. after_commit=return(exit))"
+            ));
+        };
+        let name = name.trim();
+        if !CRASH_POINTS.contains(&name) {
+            return Err(format!(
+                "FAILPOINTS names `{name}`, which is not a crash point (known: {})",
+                CRASH_POINTS.join(", ")
+            ));
+        }
+        #[cfg(feature = "failpoints")]
+        fail::cfg(name, action.trim()).map_err(|e| format!("FAILPOINTS entry `{entry}`: {e}"))?;
+        #[cfg(not(feature = "failpoints"))]
+        {
+            let _ = action;
+            return Err("FAILPOINTS is set but this build has no crash points (build with the `failpoints` feature)".into());
+        }
+    }
+    Ok(())
+}

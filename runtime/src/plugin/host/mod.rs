@@ -1,0 +1,95 @@
+//! Host side of the plugin's imports. Each capability is its own module; a
+//! capability the manifest did not ask for answers `access-denied`.
+
+mod log;
+mod model;
+
+use std::sync::Arc;
+
+use wasmtime_wasi::{WasiCtxView, WasiView};
+
+use super::{ExecReport, HostState, Invocation};
+use crate::clock::Clock;
+use crate::model::ModelBackend;
+use crate::store::Store;
+
+/// A host-side reason to fail the attempt whatever the plugin returns: the
+/// plugin cannot swallow it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostFailure {
+    #[error(
+        "non-determinism: model call #{index} asked request {now} but the journal recorded {recorded} for it; the stage must ask the same questions in the same order on every attempt"
+    )]
+    NonDeterminism {
+        index: i64,
+        recorded: String,
+        now: String,
+    },
+    #[error("the model journal could not be written: {0}")]
+    Journal(String),
+    #[error("the model backend failed: {0}")]
+    Model(String),
+}
+
+impl HostFailure {
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, HostFailure::NonDeterminism { .. })
+    }
+}
+
+/// Per-attempt state behind the imports.
+pub(crate) struct CallContext {
+    store: Arc<dyn Store>,
+    model: Arc<dyn ModelBackend>,
+    clock: Arc<dyn Clock>,
+    inv: Invocation,
+    model_granted: bool,
+    next_model_call: i64,
+    replayed: u32,
+    fresh: u32,
+    pub failure: Option<HostFailure>,
+}
+
+impl CallContext {
+    pub fn new(
+        store: Arc<dyn Store>,
+        model: Arc<dyn ModelBackend>,
+        clock: Arc<dyn Clock>,
+        inv: Invocation,
+        model_granted: bool,
+    ) -> Self {
+        Self {
+            store,
+            model,
+            clock,
+            inv,
+            model_granted,
+            next_model_call: 0,
+            replayed: 0,
+            fresh: 0,
+            failure: None,
+        }
+    }
+
+    pub fn report(&self) -> ExecReport {
+        ExecReport {
+            model_calls_replayed: self.replayed,
+            model_calls_fresh: self.fresh,
+        }
+    }
+
+    fn fail(&mut self, failure: HostFailure) {
+        self.failure.get_or_insert(failure);
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl super::ratchet::stage::types::Host for HostState {}

@@ -1,0 +1,316 @@
+//! One attempt, start to finish: claim → canonical inputs → plugin →
+//! complete (or fail) in one transaction. The worker loop drives it; tests
+//! drive it step by step in any order they like.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rand::Rng;
+
+use crate::clock::Clock;
+use crate::crash;
+use crate::digest::sha256_hex;
+use crate::plugin::{ExecError, ExecReport, Invocation, Payload, PluginHost};
+use crate::store::{
+    CanonicalOutput, ClaimedJob, CompleteOutcome, FailOutcome, JobClaim, JobComplete, JobFail,
+    ProposedArtifact, Store, StoreError,
+};
+
+/// Exponential backoff with jitter: `base * 2^(attempt-1)`, capped, then
+/// scaled by a random factor in `[1 - jitter, 1 + jitter]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    pub base_ms: i64,
+    pub max_ms: i64,
+    pub jitter: f64,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            base_ms: 1_000,
+            max_ms: 5 * 60 * 1_000,
+            jitter: 0.2,
+        }
+    }
+}
+
+impl Backoff {
+    /// Delay before the attempt after `attempt` (1-based).
+    pub fn delay_ms(&self, attempt: i64) -> i64 {
+        let exp = (attempt - 1).clamp(0, 30) as u32;
+        let raw = self.base_ms.saturating_mul(1i64 << exp).min(self.max_ms);
+        let factor = 1.0 + self.jitter * (rand::rng().random::<f64>() * 2.0 - 1.0);
+        ((raw as f64) * factor).round() as i64
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Recorded on leases and attempts; host + pid by default.
+    pub worker_id: String,
+    pub lease_ms: i64,
+    pub backoff: Backoff,
+}
+
+impl SchedulerConfig {
+    pub fn new(worker_id: impl Into<String>) -> Self {
+        Self {
+            worker_id: worker_id.into(),
+            lease_ms: 60_000,
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    Succeeded {
+        outputs: Vec<CanonicalOutput>,
+        released: Vec<String>,
+    },
+    Retrying {
+        at: i64,
+        error: String,
+    },
+    Dead {
+        error: String,
+    },
+    /// Fenced out: another attempt owns the job now; nothing was written.
+    LeaseLost,
+}
+
+/// What `execute` produced, before anything is committed.
+#[derive(Debug, Clone)]
+pub struct Execution {
+    /// Digest of the exact bytes handed to the plugin, per input.
+    pub input_digests: BTreeMap<String, String>,
+    pub result: Result<Vec<Payload>, ExecError>,
+    pub report: ExecReport,
+}
+
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub job: ClaimedJob,
+    pub outcome: AttemptOutcome,
+    pub report: ExecReport,
+}
+
+pub struct Scheduler {
+    store: Arc<dyn Store>,
+    host: Arc<PluginHost>,
+    clock: Arc<dyn Clock>,
+    config: SchedulerConfig,
+}
+
+impl Scheduler {
+    pub fn new(
+        store: Arc<dyn Store>,
+        host: Arc<PluginHost>,
+        clock: Arc<dyn Clock>,
+        config: SchedulerConfig,
+    ) -> Self {
+        Self {
+            store,
+            host,
+            clock,
+            config,
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Claims the oldest due job, or exactly `only_job` when given.
+    pub async fn claim(&self, only_job: Option<i64>) -> Result<Option<ClaimedJob>, StoreError> {
+        let claimed = self
+            .store
+            .job_claim(JobClaim {
+                worker: self.config.worker_id.clone(),
+                now: self.clock.now_ms(),
+                lease_ms: self.config.lease_ms,
+                only_job,
+            })
+            .await?;
+        if claimed.is_some() {
+            crash::point("after_claim");
+        }
+        Ok(claimed)
+    }
+
+    /// Runs the pinned plugin on inputs read from the artifacts table, and
+    /// nothing else: a plugin never sees a value that is not canonical.
+    pub async fn execute(&self, job: &ClaimedJob) -> Result<Execution, StoreError> {
+        let mut input_digests = BTreeMap::new();
+        let loaded = self.store.job_inputs_load(&job.run_id, &job.stage).await?;
+        let mut inputs = Vec::with_capacity(loaded.len());
+        for input in loaded {
+            let Some(artifact) = input.artifact else {
+                let error = ExecError::Retryable(format!(
+                    "input `{}` ({}.{}) has no stored artifact",
+                    input.input, input.from_stage, input.from_output
+                ));
+                return Ok(Execution {
+                    input_digests,
+                    result: Err(error),
+                    report: ExecReport::default(),
+                });
+            };
+            input_digests.insert(input.input.clone(), sha256_hex(&artifact.bytes));
+            inputs.push(Payload {
+                name: input.input,
+                media_type: artifact.meta.media_type,
+                bytes: artifact.bytes,
+            });
+        }
+        let plugin = match self.host.load(&job.plugin_digest).await {
+            Ok(plugin) => plugin,
+            Err(crate::plugin::PluginError::Store(e)) => return Err(e),
+            Err(e) => {
+                return Ok(Execution {
+                    input_digests,
+                    result: Err(ExecError::Fatal(format!(
+                        "cannot load the stage's plugin: {e}"
+                    ))),
+                    report: ExecReport::default(),
+                });
+            }
+        };
+        let invocation = Invocation {
+            run_id: job.run_id.clone(),
+            stage: job.stage.clone(),
+            attempt: job.attempt,
+            idempotency_key: format!("{}/{}", job.run_id, job.stage),
+        };
+        let (result, report) = match self.host.execute(&plugin, &invocation, inputs).await {
+            Ok((outputs, report)) => (Ok(outputs), report),
+            Err((error, report)) => (Err(error), report),
+        };
+        crash::point("after_execute");
+        Ok(Execution {
+            input_digests,
+            result,
+            report,
+        })
+    }
+
+    /// Commits the attempt's result: completion (canonical-first) or failure.
+    pub async fn finish(
+        &self,
+        job: &ClaimedJob,
+        execution: Execution,
+    ) -> Result<AttemptOutcome, StoreError> {
+        let now = self.clock.now_ms();
+        let outcome = match execution.result {
+            Ok(outputs) => {
+                let outputs = outputs
+                    .into_iter()
+                    .map(|p| ProposedArtifact {
+                        digest: sha256_hex(&p.bytes),
+                        name: p.name,
+                        media_type: p.media_type,
+                        bytes: p.bytes,
+                    })
+                    .collect();
+                let complete = JobComplete {
+                    job_id: job.job_id,
+                    attempt: job.attempt,
+                    worker: self.config.worker_id.clone(),
+                    outputs,
+                    input_digests: execution.input_digests,
+                    now,
+                };
+                match self.store.job_complete(complete).await? {
+                    CompleteOutcome::Completed { outputs, released } => {
+                        crash::point("after_commit");
+                        AttemptOutcome::Succeeded { outputs, released }
+                    }
+                    CompleteOutcome::LeaseLost => AttemptOutcome::LeaseLost,
+                }
+            }
+            Err(error) => {
+                let retry_at = now + self.config.backoff.delay_ms(job.attempt);
+                let fail = JobFail {
+                    job_id: job.job_id,
+                    attempt: job.attempt,
+                    worker: self.config.worker_id.clone(),
+                    error: error.to_string(),
+                    retryable: error.is_retryable(),
+                    retry_at,
+                    input_digests: execution.input_digests,
+                    now,
+                };
+                match self.store.job_fail(fail).await? {
+                    FailOutcome::Retrying { at } => AttemptOutcome::Retrying {
+                        at,
+                        error: error.to_string(),
+                    },
+                    FailOutcome::Dead => AttemptOutcome::Dead {
+                        error: error.to_string(),
+                    },
+                    FailOutcome::LeaseLost => AttemptOutcome::LeaseLost,
+                }
+            }
+        };
+        Ok(outcome)
+    }
+
+    /// Execute and finish a job already claimed.
+    pub async fn run_claimed(&self, job: ClaimedJob) -> Result<Finished, StoreError> {
+        let execution = self.execute(&job).await?;
+        let report = execution.report.clone();
+        let outcome = self.finish(&job, execution).await?;
+        log_outcome(&job, &outcome);
+        Ok(Finished {
+            job,
+            outcome,
+            report,
+        })
+    }
+
+    /// Claim, execute and finish the next due job, if any.
+    pub async fn run_next(&self) -> Result<Option<Finished>, StoreError> {
+        match self.claim(None).await? {
+            Some(job) => self.run_claimed(job).await.map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+fn log_outcome(job: &ClaimedJob, outcome: &AttemptOutcome) {
+    let (run, stage, attempt) = (job.run_id.as_str(), job.stage.as_str(), job.attempt);
+    match outcome {
+        AttemptOutcome::Succeeded { outputs, released } => {
+            let lost = outputs.iter().filter(|o| !o.won).count();
+            tracing::info!(
+                run,
+                stage,
+                attempt,
+                lost_proposals = lost,
+                ?released,
+                "stage succeeded"
+            );
+        }
+        AttemptOutcome::Retrying { at, error } => {
+            tracing::warn!(
+                run,
+                stage,
+                attempt,
+                retry_at = at,
+                "attempt failed: {error}"
+            );
+        }
+        AttemptOutcome::Dead { error } => {
+            tracing::error!(run, stage, attempt, "stage dead: {error}")
+        }
+        AttemptOutcome::LeaseLost => {
+            tracing::warn!(run, stage, attempt, "lease lost; result discarded")
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Durable state behind one [`Store`] trait; each backend owns its SQL
+//! (`sqlite/`). Every multi-row change is one transaction.
+
+mod sqlite;
+mod types;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+pub use sqlite::SqliteStore;
+pub use types::*;
+
+/// Errors a store operation can end with. Expected non-failures (a fenced-out
+/// completion, an existing run) are outcome enums, not errors.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("cannot apply the database migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error(
+        "unsupported database url `{0}` (use sqlite://PATH, e.g. sqlite://ratchet.db; postgres:// is not supported yet)"
+    )]
+    UnsupportedUrl(String),
+    #[error(
+        "plugin `{name}@{version}` is already registered with digest {existing}; versions are immutable (bump the version in the plugin's manifest)"
+    )]
+    VersionConflict {
+        name: String,
+        version: String,
+        existing: String,
+    },
+    #[error("corrupt row in `{table}`: {detail}")]
+    Corrupt { table: &'static str, detail: String },
+    #[error("{0} not found")]
+    NotFound(String),
+}
+
+impl StoreError {
+    /// Whether retrying the same operation may succeed (lock contention,
+    /// a dropped connection) rather than fail the same way again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Database(e) => matches!(
+                e,
+                sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::Database(_)
+            ),
+            _ => false,
+        }
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Opens the store a URL names and applies pending migrations.
+pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::open(url).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(url.to_string()))
+    }
+}
+
+/// The durable state of Ratchet. Methods are Noun+Verb; each takes `now`
+/// from the caller's clock, never from the database's.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Registers a component; the same bytes twice is a no-op, other bytes
+    /// under an existing `(name, version)` is [`StoreError::VersionConflict`].
+    async fn plugin_put(&self, p: PluginPut) -> Result<PluginPutOutcome>;
+    async fn plugin_get(&self, digest: &str) -> Result<Option<PluginRecord>>;
+    async fn plugin_list(&self) -> Result<Vec<PluginSummary>>;
+
+    /// Creates the run, every job, edge and input binding in one transaction;
+    /// an idempotency key already used returns the existing run.
+    async fn run_submit(&self, r: RunSubmit) -> Result<RunSubmitOutcome>;
+    async fn run_get(&self, run_id: &str) -> Result<Option<RunRow>>;
+    async fn run_list(&self) -> Result<Vec<RunRow>>;
+
+    /// Claims one runnable job: ready and due, or running with an expired
+    /// lease and attempts left. The attempt number is the fencing token.
+    async fn job_claim(&self, c: JobClaim) -> Result<Option<ClaimedJob>>;
+    /// Commits outputs canonical-first, the job's success, its released
+    /// dependents, its outbox rows and its attempt row, in one transaction.
+    async fn job_complete(&self, c: JobComplete) -> Result<CompleteOutcome>;
+    /// Records a failed attempt: retry at `retry_at`, or dead when not
+    /// retryable or out of attempts (the run fails, pending jobs cancelled).
+    async fn job_fail(&self, f: JobFail) -> Result<FailOutcome>;
+    async fn job_list(&self, run_id: &str) -> Result<Vec<JobRow>>;
+    /// Counts of jobs per state over all runs, and the earliest future time
+    /// at which something becomes claimable.
+    async fn job_summary(&self, now: i64) -> Result<JobSummary>;
+
+    /// The canonical inputs of a stage: each bound input joined with the
+    /// stored artifact it names.
+    async fn job_inputs_load(&self, run_id: &str, stage: &str) -> Result<Vec<LoadedInput>>;
+
+    /// The canonical-first primitive on its own: insert unless present, and
+    /// return the stored winner either way.
+    async fn artifact_put_canonical(&self, a: ArtifactPut) -> Result<CanonicalArtifact>;
+    async fn artifact_get(
+        &self,
+        run_id: &str,
+        stage: &str,
+        output: &str,
+    ) -> Result<Option<Artifact>>;
+    async fn artifact_list(&self, run_id: &str) -> Result<Vec<ArtifactMeta>>;
+
+    /// Journals a model answer canonical-first in its own transaction and
+    /// returns the recorded call (the earlier one, if any).
+    async fn model_call_put(&self, m: ModelCallPut) -> Result<ModelCall>;
+    async fn model_call_get(
+        &self,
+        run_id: &str,
+        stage: &str,
+        index: i64,
+    ) -> Result<Option<ModelCall>>;
+    async fn model_call_list(&self, run_id: &str) -> Result<Vec<ModelCall>>;
+
+    async fn attempt_list(&self, run_id: &str) -> Result<Vec<AttemptRow>>;
+    async fn outbox_list(&self, run_id: Option<&str>) -> Result<Vec<OutboxRow>>;
+
+    /// Repairs continuations that slipped: exhausted expired leases become
+    /// dead, out-of-step pending counts are recomputed from edges, finished
+    /// runs get their final state.
+    async fn reconcile(&self, now: i64) -> Result<ReconcileReport>;
+
+    /// Everything the invariant audit reads.
+    async fn audit_facts(&self) -> Result<AuditFacts>;
+}

@@ -1,0 +1,192 @@
+//! `artifacts` and `model_calls`: both written canonical-first.
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, SqlitePool};
+
+use super::*;
+
+const META_COLUMNS: &str =
+    "run_id, stage, output, media_type, digest, size, attempt, plugin_digest, created_at";
+
+fn meta(row: &SqliteRow) -> Result<ArtifactMeta> {
+    Ok(ArtifactMeta {
+        run_id: row.try_get("run_id")?,
+        stage: row.try_get("stage")?,
+        output: row.try_get("output")?,
+        media_type: row.try_get("media_type")?,
+        digest: row.try_get("digest")?,
+        size: row.try_get("size")?,
+        attempt: row.try_get("attempt")?,
+        plugin_digest: row.try_get("plugin_digest")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+/// `INSERT … ON CONFLICT DO NOTHING RETURNING`, and when nothing comes back,
+/// read the winner. The returned digest is the only one callers may use.
+pub(super) async fn put_canonical_tx(tx: &mut Tx, a: &ArtifactPut) -> Result<CanonicalArtifact> {
+    let inserted: Option<String> = sqlx::query_scalar(
+        "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size, attempt,
+                                plugin_digest, created_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+         ON CONFLICT (run_id, stage, output) DO NOTHING
+         RETURNING digest",
+    )
+    .bind(&a.run_id)
+    .bind(&a.stage)
+    .bind(&a.output)
+    .bind(&a.media_type)
+    .bind(&a.bytes)
+    .bind(&a.digest)
+    .bind(a.bytes.len() as i64)
+    .bind(a.attempt)
+    .bind(&a.plugin_digest)
+    .bind(a.now)
+    .fetch_optional(&mut **tx)
+    .await?;
+    if let Some(digest) = inserted {
+        return Ok(CanonicalArtifact {
+            digest,
+            inserted: true,
+        });
+    }
+    let digest: String = sqlx::query_scalar(
+        "SELECT digest FROM artifacts WHERE run_id = ? AND stage = ? AND output = ?",
+    )
+    .bind(&a.run_id)
+    .bind(&a.stage)
+    .bind(&a.output)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(CanonicalArtifact {
+        digest,
+        inserted: false,
+    })
+}
+
+pub(super) async fn get(
+    pool: &SqlitePool,
+    run_id: &str,
+    stage: &str,
+    output: &str,
+) -> Result<Option<Artifact>> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {META_COLUMNS}, bytes FROM artifacts WHERE run_id = ? AND stage = ? AND output = ?"
+    )))
+    .bind(run_id)
+    .bind(stage)
+    .bind(output)
+    .fetch_optional(pool)
+    .await?;
+    row.map(|row| {
+        Ok(Artifact {
+            meta: meta(&row)?,
+            bytes: row.try_get("bytes")?,
+        })
+    })
+    .transpose()
+}
+
+pub(super) async fn list<'e>(
+    ex: impl sqlx::Executor<'e, Database = Sqlite>,
+    run_id: Option<&str>,
+) -> Result<Vec<ArtifactMeta>> {
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {META_COLUMNS} FROM artifacts WHERE (?1 IS NULL OR run_id = ?1)
+         ORDER BY run_id, created_at, stage, output"
+    )))
+    .bind(run_id)
+    .fetch_all(ex)
+    .await?;
+    rows.iter().map(meta).collect()
+}
+
+pub(super) async fn inputs_load(
+    store: &SqliteStore,
+    run_id: &str,
+    stage: &str,
+) -> Result<Vec<LoadedInput>> {
+    let bindings = sqlx::query(
+        "SELECT input, from_stage, from_output FROM job_inputs
+         WHERE run_id = ? AND stage = ? ORDER BY input",
+    )
+    .bind(run_id)
+    .bind(stage)
+    .fetch_all(&store.pool)
+    .await?;
+    let mut loaded = Vec::with_capacity(bindings.len());
+    for b in bindings {
+        let from_stage: String = b.try_get("from_stage")?;
+        let from_output: String = b.try_get("from_output")?;
+        let artifact = get(&store.pool, run_id, &from_stage, &from_output).await?;
+        loaded.push(LoadedInput {
+            input: b.try_get("input")?,
+            from_stage,
+            from_output,
+            artifact,
+        });
+    }
+    Ok(loaded)
+}
+
+fn model_call(row: &SqliteRow) -> Result<ModelCall> {
+    Ok(ModelCall {
+        run_id: row.try_get("run_id")?,
+        stage: row.try_get("stage")?,
+        index: row.try_get("call_index")?,
+        request_digest: row.try_get("request_digest")?,
+        response: row.try_get("response")?,
+        attempt: row.try_get("attempt")?,
+    })
+}
+
+pub(super) async fn model_call_put(store: &SqliteStore, m: ModelCallPut) -> Result<ModelCall> {
+    let mut tx = store.begin_write().await?;
+    sqlx::query(
+        "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, attempt, created_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?)
+         ON CONFLICT (run_id, stage, call_index) DO NOTHING",
+    )
+    .bind(&m.run_id)
+    .bind(&m.stage)
+    .bind(m.index)
+    .bind(&m.request_digest)
+    .bind(&m.response)
+    .bind(m.attempt)
+    .bind(m.now)
+    .execute(&mut *tx)
+    .await?;
+    let row =
+        sqlx::query("SELECT * FROM model_calls WHERE run_id = ? AND stage = ? AND call_index = ?")
+            .bind(&m.run_id)
+            .bind(&m.stage)
+            .bind(m.index)
+            .fetch_one(&mut *tx)
+            .await?;
+    tx.commit().await?;
+    model_call(&row)
+}
+
+pub(super) async fn model_call_get(
+    pool: &SqlitePool,
+    run_id: &str,
+    stage: &str,
+    index: i64,
+) -> Result<Option<ModelCall>> {
+    let row =
+        sqlx::query("SELECT * FROM model_calls WHERE run_id = ? AND stage = ? AND call_index = ?")
+            .bind(run_id)
+            .bind(stage)
+            .bind(index)
+            .fetch_optional(pool)
+            .await?;
+    row.as_ref().map(model_call).transpose()
+}
+
+pub(super) async fn model_call_list(pool: &SqlitePool, run_id: &str) -> Result<Vec<ModelCall>> {
+    let rows = sqlx::query("SELECT * FROM model_calls WHERE run_id = ? ORDER BY stage, call_index")
+        .bind(run_id)
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(model_call).collect()
+}

@@ -1,0 +1,86 @@
+//! `plugins`: content-addressed, immutable components.
+
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use super::*;
+
+const SUMMARY_COLUMNS: &str = "digest, name, version, manifest, size, registered_at, yanked";
+
+fn summary(row: &SqliteRow) -> Result<PluginSummary> {
+    Ok(PluginSummary {
+        digest: row.try_get("digest")?,
+        name: row.try_get("name")?,
+        version: row.try_get("version")?,
+        manifest: row.try_get("manifest")?,
+        size: row.try_get("size")?,
+        registered_at: row.try_get("registered_at")?,
+        yanked: row.try_get::<i64, _>("yanked")? != 0,
+    })
+}
+
+pub(super) async fn put(store: &SqliteStore, p: PluginPut) -> Result<PluginPutOutcome> {
+    let mut tx = store.begin_write().await?;
+    let existing: Option<String> =
+        sqlx::query_scalar("SELECT digest FROM plugins WHERE name = ? AND version = ?")
+            .bind(&p.name)
+            .bind(&p.version)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if let Some(existing) = existing {
+        return if existing == p.digest {
+            Ok(PluginPutOutcome::AlreadyPresent)
+        } else {
+            Err(StoreError::VersionConflict {
+                name: p.name,
+                version: p.version,
+                existing,
+            })
+        };
+    }
+    let inserted = sqlx::query(
+        "INSERT INTO plugins (digest, name, version, manifest, component, size, registered_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
+    )
+    .bind(&p.digest)
+    .bind(&p.name)
+    .bind(&p.version)
+    .bind(&p.manifest)
+    .bind(&p.component)
+    .bind(p.component.len() as i64)
+    .bind(p.now)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(if inserted == 1 {
+        PluginPutOutcome::Inserted
+    } else {
+        PluginPutOutcome::AlreadyPresent
+    })
+}
+
+pub(super) async fn get(store: &SqliteStore, digest: &str) -> Result<Option<PluginRecord>> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {SUMMARY_COLUMNS}, component FROM plugins WHERE digest = ?"
+    )))
+    .bind(digest)
+    .fetch_optional(&store.pool)
+    .await?;
+    row.map(|row| {
+        Ok(PluginRecord {
+            summary: summary(&row)?,
+            component: row.try_get("component")?,
+        })
+    })
+    .transpose()
+}
+
+pub(super) async fn list(store: &SqliteStore) -> Result<Vec<PluginSummary>> {
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {SUMMARY_COLUMNS} FROM plugins ORDER BY name, registered_at"
+    )))
+    .fetch_all(&store.pool)
+    .await?;
+    rows.iter().map(summary).collect()
+}

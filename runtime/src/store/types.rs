@@ -1,0 +1,397 @@
+//! Parameter, row and outcome types of the [`Store`](super::Store) trait.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// Job states; see docs/job-states.md for the diagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Blocked,
+    Ready,
+    Running,
+    Succeeded,
+    Failed,
+    Dead,
+    Cancelled,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Blocked => "blocked",
+            JobState::Ready => "ready",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "blocked" => JobState::Blocked,
+            "ready" => JobState::Ready,
+            "running" => JobState::Running,
+            "succeeded" => JobState::Succeeded,
+            "failed" => JobState::Failed,
+            "dead" => JobState::Dead,
+            "cancelled" => JobState::Cancelled,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EdgeKind {
+    /// The target consumes an output of the source.
+    Data,
+    /// Ordering only: the target runs after the source's effects committed.
+    After,
+}
+
+impl EdgeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EdgeKind::Data => "data",
+            EdgeKind::After => "after",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct PluginPut {
+    pub digest: String,
+    pub name: String,
+    pub version: String,
+    pub manifest: String,
+    pub component: Vec<u8>,
+    pub now: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginPutOutcome {
+    Inserted,
+    AlreadyPresent,
+}
+
+#[derive(Debug, Clone)]
+pub struct PluginRecord {
+    pub summary: PluginSummary,
+    pub component: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PluginSummary {
+    pub digest: String,
+    pub name: String,
+    pub version: String,
+    pub manifest: String,
+    pub size: i64,
+    pub registered_at: i64,
+    pub yanked: bool,
+}
+
+/// A run input (`$input`) is stored as the artifact `(run, "$run", "input")`
+/// so that every stage input, without exception, is read from `artifacts`.
+pub const RUN_INPUT_STAGE: &str = "$run";
+pub const RUN_INPUT_OUTPUT: &str = "input";
+
+#[derive(Debug, Clone)]
+pub struct RunSubmit {
+    pub run_id: String,
+    pub pipeline: String,
+    pub idempotency_key: Option<String>,
+    pub input: Vec<u8>,
+    pub jobs: Vec<NewJob>,
+    pub edges: Vec<NewEdge>,
+    pub inputs: Vec<InputBinding>,
+    pub now: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    pub stage: String,
+    pub plugin_digest: String,
+    pub outputs: Vec<String>,
+    pub emits: Vec<String>,
+    pub max_attempts: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NewEdge {
+    pub from_stage: String,
+    pub to_stage: String,
+    pub kind: EdgeKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InputBinding {
+    pub stage: String,
+    pub input: String,
+    pub from_stage: String,
+    pub from_output: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunSubmitOutcome {
+    Created(String),
+    /// The idempotency key was used before; nothing was written.
+    Existing(String),
+}
+
+impl RunSubmitOutcome {
+    pub fn run_id(&self) -> &str {
+        match self {
+            RunSubmitOutcome::Created(id) | RunSubmitOutcome::Existing(id) => id,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRow {
+    pub id: String,
+    pub pipeline: String,
+    pub state: String,
+    pub idempotency_key: Option<String>,
+    pub created_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct JobClaim {
+    pub worker: String,
+    pub now: i64,
+    pub lease_ms: i64,
+    /// Claim only this job (a scheduler choosing its own order); `None`
+    /// claims the oldest due job.
+    pub only_job: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClaimedJob {
+    pub job_id: i64,
+    pub run_id: String,
+    pub stage: String,
+    pub plugin_digest: String,
+    pub attempt: i64,
+    pub max_attempts: i64,
+    pub lease_expires_at: i64,
+    pub outputs: Vec<String>,
+    pub emits: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProposedArtifact {
+    pub name: String,
+    pub media_type: String,
+    pub bytes: Vec<u8>,
+    pub digest: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct JobComplete {
+    pub job_id: i64,
+    pub attempt: i64,
+    pub worker: String,
+    pub outputs: Vec<ProposedArtifact>,
+    /// Input name -> digest of the canonical bytes the attempt consumed.
+    pub input_digests: BTreeMap<String, String>,
+    pub now: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CanonicalOutput {
+    pub name: String,
+    pub digest: String,
+    pub proposed_digest: String,
+    /// The attempt's own proposal was inserted (it was first).
+    pub won: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompleteOutcome {
+    Completed {
+        outputs: Vec<CanonicalOutput>,
+        /// Stages this completion made ready.
+        released: Vec<String>,
+    },
+    /// The lease was taken over (or the job already finished): nothing changed.
+    LeaseLost,
+}
+
+#[derive(Debug, Clone)]
+pub struct JobFail {
+    pub job_id: i64,
+    pub attempt: i64,
+    pub worker: String,
+    pub error: String,
+    pub retryable: bool,
+    /// When to try again, if the job is retried.
+    pub retry_at: i64,
+    pub input_digests: BTreeMap<String, String>,
+    pub now: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailOutcome {
+    Retrying { at: i64 },
+    Dead,
+    LeaseLost,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct JobRow {
+    pub id: i64,
+    pub run_id: String,
+    pub stage: String,
+    pub plugin_digest: String,
+    pub state: JobState,
+    pub pending: i64,
+    pub attempt: i64,
+    pub max_attempts: i64,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<i64>,
+    pub next_run_at: i64,
+    pub last_error: Option<String>,
+    pub succeeded_seq: Option<i64>,
+    pub outputs: Vec<String>,
+    pub emits: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct JobSummary {
+    pub counts: BTreeMap<String, i64>,
+    /// Earliest time after `now` at which a ready job falls due or a lease
+    /// expires.
+    pub next_due_at: Option<i64>,
+}
+
+impl JobSummary {
+    pub fn count(&self, state: JobState) -> i64 {
+        self.counts.get(state.as_str()).copied().unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LoadedInput {
+    pub input: String,
+    pub from_stage: String,
+    pub from_output: String,
+    /// `None` when the bound artifact does not exist (a broken invariant).
+    pub artifact: Option<Artifact>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ArtifactPut {
+    pub run_id: String,
+    pub stage: String,
+    pub output: String,
+    pub media_type: String,
+    pub bytes: Vec<u8>,
+    pub digest: String,
+    pub attempt: i64,
+    pub plugin_digest: Option<String>,
+    pub now: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CanonicalArtifact {
+    pub digest: String,
+    pub inserted: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ArtifactMeta {
+    pub run_id: String,
+    pub stage: String,
+    pub output: String,
+    pub media_type: String,
+    pub digest: String,
+    pub size: i64,
+    pub attempt: i64,
+    pub plugin_digest: Option<String>,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Artifact {
+    pub meta: ArtifactMeta,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelCallPut {
+    pub run_id: String,
+    pub stage: String,
+    pub index: i64,
+    pub request_digest: String,
+    pub response: String,
+    pub attempt: i64,
+    pub now: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelCall {
+    pub run_id: String,
+    pub stage: String,
+    pub index: i64,
+    pub request_digest: String,
+    pub response: String,
+    /// The attempt whose answer this is.
+    pub attempt: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AttemptRow {
+    pub job_id: i64,
+    pub attempt: i64,
+    pub run_id: String,
+    pub stage: String,
+    pub worker: String,
+    pub plugin_digest: String,
+    pub claim_seq: i64,
+    pub claimed_at: i64,
+    pub finished_at: Option<i64>,
+    pub outcome: String,
+    pub error: Option<String>,
+    pub input_digests: Option<BTreeMap<String, String>>,
+    pub proposal_digests: Option<BTreeMap<String, String>>,
+    pub canonical_digests: Option<BTreeMap<String, String>>,
+    pub proposal_won: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub dedup_key: String,
+    pub run_id: String,
+    pub stage: String,
+    pub event: String,
+    pub payload: String,
+    pub created_at: i64,
+    pub published_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ReconcileReport {
+    pub dead_expired_leases: u64,
+    pub pending_repaired: u64,
+    pub edges_repaired: u64,
+    pub runs_finished: u64,
+}
+
+/// Rows the audit checks, read in one snapshot.
+#[derive(Debug, Clone, Default)]
+pub struct AuditFacts {
+    pub runs: Vec<RunRow>,
+    pub jobs: Vec<JobRow>,
+    pub edges: Vec<(String, NewEdge, bool)>,
+    pub inputs: Vec<(String, InputBinding)>,
+    pub artifacts: Vec<ArtifactMeta>,
+    pub attempts: Vec<AttemptRow>,
+    pub outbox: Vec<OutboxRow>,
+}

@@ -15,9 +15,9 @@ pub mod bindings {
     });
 }
 
-use bindings::ratchet::stage::types;
 pub use bindings::ratchet::stage::log::Level;
 pub use bindings::ratchet::stage::model::ModelError;
+use bindings::ratchet::stage::types;
 
 /// A stage: a manifest and one function from canonical inputs to proposed
 /// outputs. The host may call `run` more than once for the same stage of the
@@ -63,8 +63,14 @@ pub fn __run<S: Stage>(
     };
     match S::run(&ctx, &inputs) {
         Ok(outputs) => Ok(outputs.artifacts),
-        Err(Error { retryable: true, message }) => Err(types::StageError::Retryable(message)),
-        Err(Error { retryable: false, message }) => Err(types::StageError::Fatal(message)),
+        Err(Error {
+            retryable: true,
+            message,
+        }) => Err(types::StageError::Retryable(message)),
+        Err(Error {
+            retryable: false,
+            message,
+        }) => Err(types::StageError::Fatal(message)),
     }
 }
 
@@ -168,10 +174,16 @@ pub struct Error {
 
 impl Error {
     pub fn retryable(message: impl Into<String>) -> Self {
-        Self { retryable: true, message: message.into() }
+        Self {
+            retryable: true,
+            message: message.into(),
+        }
     }
     pub fn fatal(message: impl Into<String>) -> Self {
-        Self { retryable: false, message: message.into() }
+        Self {
+            retryable: false,
+            message: message.into(),
+        }
     }
 }
 

@@ -119,13 +119,18 @@ pub struct BadInput(pub String);
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print(); // --help, --version
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
+            let rendered = e.render().to_string();
+            let first = rendered
+                .lines()
+                .next()
+                .unwrap_or("error: invalid arguments");
+            eprintln!("{first} (see `ratchet --help`)");
+            return ExitCode::from(2);
         }
     };
     let default_level = if matches!(cli.command, Command::Worker { .. }) {
@@ -167,25 +172,31 @@ fn one_line(e: &anyhow::Error) -> String {
 }
 
 fn exit_code(e: &anyhow::Error) -> u8 {
+    let plugin_input = |p: &PluginError| {
+        matches!(
+            p,
+            PluginError::InvalidComponent(_)
+                | PluginError::WrongWorld(_)
+                | PluginError::Manifest(_)
+        )
+    };
+    let store_input = |s: &StoreError| {
+        matches!(
+            s,
+            StoreError::UnsupportedUrl(_) | StoreError::VersionConflict { .. }
+        )
+    };
     let bad_input = e.chain().any(|c| {
         c.is::<BadInput>()
             || c.is::<ManifestError>()
-            || matches!(
-                c.downcast_ref::<StoreError>(),
-                Some(StoreError::UnsupportedUrl(_) | StoreError::VersionConflict { .. })
-            )
-            || matches!(
-                c.downcast_ref::<PluginError>(),
-                Some(
-                    PluginError::InvalidComponent(_)
-                        | PluginError::WrongWorld(_)
-                        | PluginError::Manifest(_)
-                )
-            )
-            || matches!(
-                c.downcast_ref::<RegistryError>(),
-                Some(RegistryError::Manifest(_))
-            )
+            || c.downcast_ref::<StoreError>().is_some_and(store_input)
+            || c.downcast_ref::<PluginError>().is_some_and(plugin_input)
+            || match c.downcast_ref::<RegistryError>() {
+                Some(RegistryError::Manifest(_)) => true,
+                Some(RegistryError::Plugin(p)) => plugin_input(p),
+                Some(RegistryError::Store(s)) => store_input(s),
+                None => false,
+            }
     });
     if bad_input { 2 } else { 1 }
 }

@@ -300,28 +300,33 @@ impl Pipeline {
         if done == indegree.len() {
             return Ok(());
         }
-        let in_cycle: BTreeSet<&str> = indegree
+        // Every stage left has an unprocessed predecessor: walk backwards
+        // until a stage repeats, and report that loop in forward order.
+        let left: BTreeSet<&str> = indegree
             .iter()
             .filter(|(_, d)| **d > 0)
             .map(|(s, _)| *s)
             .collect();
-        let first = self
-            .raw
-            .stage
-            .iter()
-            .find(|s| in_cycle.contains(s.name.get_ref().as_str()));
-        let names: Vec<&str> = self
-            .raw
-            .stage
-            .iter()
-            .map(|s| s.name.get_ref().as_str())
-            .filter(|s| in_cycle.contains(s))
-            .collect();
+        let mut path: Vec<&str> = Vec::new();
+        let mut at = *left.iter().next().expect("a cycle leaves stages behind");
+        while !path.contains(&at) {
+            path.push(at);
+            at = edges
+                .iter()
+                .find(|e| e.to_stage == at && left.contains(e.from_stage.as_str()))
+                .map(|e| e.from_stage.as_str())
+                .expect("an unprocessed stage has an unprocessed predecessor");
+        }
+        let start = path.iter().position(|s| *s == at).unwrap_or(0);
+        let mut cycle: Vec<&str> = path[start..].to_vec();
+        cycle.reverse();
+        cycle.push(cycle[0]);
+        let first = self.raw.stage.iter().find(|s| s.name.get_ref() == cycle[0]);
         Err(src.error(
             first.map(|s| s.name.span()),
             format!(
-                "stages [{}] depend on each other in a cycle; remove one of their inputs or `after` entries",
-                names.join(", ")
+                "stages form a cycle: {}; remove one of these inputs or `after` entries",
+                cycle.join(" -> ")
             ),
         ))
     }

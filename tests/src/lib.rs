@@ -1,0 +1,216 @@
+//! Shared set-up for the integration tests: a fresh SQLite database in a
+//! temporary folder, the real plugin host, the compiled plugins, and checks
+//! of the demo pipeline's invariants.
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratchet_runtime::audit::{AuditReport, audit};
+use ratchet_runtime::bundled::PLUGIN_DIR;
+use ratchet_runtime::clock::{Clock, SystemClock};
+use ratchet_runtime::manifest::Pipeline;
+use ratchet_runtime::model::StochasticModel;
+use ratchet_runtime::plugin::PluginHost;
+use ratchet_runtime::registry;
+use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
+use ratchet_runtime::store::{self, JobState, Store};
+use ratchet_runtime::worker::{self, WorkerOptions};
+use serde_json::Value;
+
+/// The longest any single wait in a test may take before it fails.
+pub const BOUND: Duration = Duration::from_secs(120);
+
+pub const DEMO_PLUGINS: [&str; 4] = ["draft", "verify", "publish", "prepare-next"];
+
+/// The compiled component of a plugin under `plugins/`.
+pub fn plugin_path(name: &str) -> PathBuf {
+    PathBuf::from(PLUGIN_DIR).join(format!("{}.wasm", name.replace('-', "_")))
+}
+
+pub struct Harness {
+    _dir: tempfile::TempDir,
+    pub url: String,
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub host: Arc<PluginHost>,
+}
+
+impl Harness {
+    pub async fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock)).await
+    }
+
+    pub async fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("ratchet.db").display());
+        let store = store::open(&url).await.expect("open store");
+        let host = Arc::new(
+            PluginHost::new(store.clone(), Arc::new(StochasticModel), clock.clone())
+                .expect("plugin host"),
+        );
+        Self {
+            _dir: dir,
+            url,
+            store,
+            clock,
+            host,
+        }
+    }
+
+    pub async fn register(&self, names: &[&str]) {
+        for name in names {
+            let bytes = std::fs::read(plugin_path(name)).expect("compiled plugin");
+            registry::plugin_register(&self.store, &self.host, bytes, self.clock.as_ref())
+                .await
+                .unwrap_or_else(|e| panic!("register {name}: {e}"));
+        }
+    }
+
+    pub async fn submit(&self, pipeline: &str, input: &[u8]) -> String {
+        let pipeline = Pipeline::parse("test.toml", pipeline).expect("valid pipeline");
+        registry::run_submit(
+            self.store.as_ref(),
+            &pipeline,
+            input.to_vec(),
+            None,
+            self.clock.as_ref(),
+        )
+        .await
+        .expect("submit")
+        .run_id()
+        .to_string()
+    }
+
+    pub async fn submit_demo(&self) -> String {
+        self.submit(ratchet_runtime::bundled::DEMO_PIPELINE, b"a test release")
+            .await
+    }
+
+    pub fn scheduler(&self, worker: &str, lease_ms: i64) -> Scheduler {
+        let mut config = SchedulerConfig::new(worker);
+        config.lease_ms = lease_ms;
+        Scheduler::new(
+            self.store.clone(),
+            self.host.clone(),
+            self.clock.clone(),
+            config,
+        )
+    }
+
+    /// Runs in-process workers until nothing is ready or running.
+    pub async fn run_until_idle(&self, concurrency: usize) {
+        let sched = Arc::new(self.scheduler("test-worker", 30_000));
+        let opts = WorkerOptions {
+            concurrency,
+            until_idle: true,
+            poll: Duration::from_millis(20),
+            ..WorkerOptions::default()
+        };
+        let (_stop, stopped) = tokio::sync::watch::channel(false);
+        tokio::time::timeout(BOUND, worker::run(sched, self.clock.clone(), opts, stopped))
+            .await
+            .expect("worker finished within the bound")
+            .expect("worker ran");
+    }
+
+    pub async fn audit(&self) -> AuditReport {
+        audit(&self.store.audit_facts().await.expect("audit facts"))
+    }
+
+    pub async fn json(&self, run: &str, stage: &str, output: &str) -> Value {
+        let a = self
+            .store
+            .artifact_get(run, stage, output)
+            .await
+            .expect("read artifact")
+            .unwrap_or_else(|| panic!("{stage}.{output} missing"));
+        serde_json::from_slice(&a.bytes).expect("json artifact")
+    }
+
+    /// Every stage succeeded exactly once, one canonical artifact per output,
+    /// every downstream digest is the canonical draft's, one outbox event,
+    /// and the audit is clean. Returns the canonical draft digest.
+    pub async fn assert_demo_run_converged(&self, run: &str) -> String {
+        let run_row = self
+            .store
+            .run_get(run)
+            .await
+            .expect("run")
+            .expect("run exists");
+        assert_eq!(run_row.state, "succeeded", "run {run} did not succeed");
+        let jobs = self.store.job_list(run).await.expect("jobs");
+        assert_eq!(jobs.len(), 4);
+        let attempts = self.store.attempt_list(run).await.expect("attempts");
+        for job in &jobs {
+            assert_eq!(job.state, JobState::Succeeded, "stage {}", job.stage);
+            let wins = attempts
+                .iter()
+                .filter(|a| a.job_id == job.id && a.outcome == "succeeded")
+                .count();
+            assert_eq!(wins, 1, "stage {} succeeded {wins} times", job.stage);
+        }
+        let artifacts = self.store.artifact_list(run).await.expect("artifacts");
+        assert_eq!(
+            artifacts.len(),
+            5,
+            "input + one artifact per declared output: {artifacts:?}"
+        );
+        let draft = artifacts
+            .iter()
+            .find(|a| a.stage == "draft")
+            .expect("draft artifact")
+            .digest
+            .clone();
+        assert_eq!(
+            self.json(run, "verify", "report").await["draft_sha256"],
+            draft.as_str()
+        );
+        assert_eq!(
+            self.json(run, "publish", "receipt").await["draft_sha256"],
+            draft.as_str()
+        );
+        assert_eq!(
+            self.json(run, "prepare-next", "next").await["published_sha256"],
+            draft.as_str()
+        );
+        let events = self.store.outbox_list(Some(run)).await.expect("outbox");
+        let published: Vec<_> = events
+            .iter()
+            .filter(|e| e.event == "draft.published")
+            .collect();
+        assert_eq!(published.len(), 1, "exactly one draft.published event");
+        assert!(
+            published[0].payload.contains(&draft),
+            "event carries the canonical digest"
+        );
+        let report = self.audit().await;
+        assert!(report.is_clean(), "audit: {:#?}", report.violations);
+        draft
+    }
+}
+
+/// A `ratchet` child process on this harness's database.
+pub fn ratchet(bin: &str, url: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.arg("--db")
+        .arg(url)
+        .env("RATCHET_LOG", "error")
+        .env_remove("FAILPOINTS")
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Runs the command to its end, failing the test past [`BOUND`].
+pub async fn output(mut cmd: tokio::process::Command) -> Output {
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ratchet");
+    tokio::time::timeout(BOUND, child.wait_with_output())
+        .await
+        .expect("the process ended within the bound")
+        .expect("wait for the process")
+}

@@ -1,0 +1,198 @@
+//! The `ratchet` binary end to end: the happy path a user follows, and bad
+//! input answered with one line, exit code 2 and no change to the database.
+
+use std::process::Output;
+
+use ratchet_runtime::digest::sha256_hex;
+use ratchet_tests::{DEMO_PLUGINS, Harness, output, plugin_path, ratchet};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
+
+async fn cli(url: &str, args: &[&str]) -> Output {
+    let mut cmd = ratchet(BIN, url);
+    cmd.args(args);
+    output(cmd).await
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn assert_bad_input(o: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "exit code 2 expected: {o:?}");
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "one line expected: {stderr}"
+    );
+    assert!(stderr.contains(needle), "`{needle}` not in: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_run_work_inspect_and_audit_from_the_command_line() {
+    let h = Harness::new().await;
+    let url = h.url.as_str();
+    for name in DEMO_PLUGINS {
+        let path = plugin_path(name).display().to_string();
+        let added = cli(url, &["plugin", "add", &path]).await;
+        assert!(added.status.success(), "{added:?}");
+        assert!(
+            stdout(&added).starts_with(&format!("registered {name}@1.0.0")),
+            "{}",
+            stdout(&added)
+        );
+        let again = cli(url, &["plugin", "add", &path]).await;
+        assert!(
+            stdout(&again).starts_with("already registered"),
+            "same bytes twice is a no-op"
+        );
+    }
+    let listed = stdout(&cli(url, &["plugin", "list"]).await);
+    assert_eq!(listed.lines().count(), 4, "{listed}");
+
+    let input = tempfile::NamedTempFile::new().expect("input file");
+    std::fs::write(input.path(), b"the command line").expect("write input");
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/demo.toml");
+    let submitted = cli(
+        url,
+        &["run", demo, "--input", &input.path().display().to_string()],
+    )
+    .await;
+    assert!(submitted.status.success(), "{submitted:?}");
+    let run = stdout(&submitted).trim().to_string();
+    assert_eq!(run.len(), 36, "prints the run id: {run}");
+
+    let worked = cli(url, &["worker", "--until-idle", "--concurrency", "2"]).await;
+    assert!(worked.status.success(), "{worked:?}");
+
+    let status: serde_json::Value =
+        serde_json::from_slice(&cli(url, &["status", &run, "--json"]).await.stdout)
+            .expect("status json");
+    assert_eq!(status["run"]["state"], "succeeded");
+    let stages = status["stages"].as_array().expect("stages");
+    assert!(
+        stages
+            .iter()
+            .all(|s| s["state"] == "succeeded" && s["attempts"] == 1)
+    );
+    let draft_digest = stages[0]["artifacts"]["draft"]
+        .as_str()
+        .expect("digest")
+        .to_string();
+
+    let raw = cli(url, &["artifacts", &run, "draft.draft", "--raw"]).await;
+    assert_eq!(
+        sha256_hex(&raw.stdout),
+        draft_digest,
+        "--raw writes the exact bytes"
+    );
+    let runs: serde_json::Value =
+        serde_json::from_slice(&cli(url, &["status", "--json"]).await.stdout).expect("json");
+    assert_eq!(runs[0]["id"], run.as_str());
+
+    let audit = cli(url, &["audit", "--json"]).await;
+    assert!(audit.status.success(), "{audit:?}");
+    let report: serde_json::Value = serde_json::from_slice(&audit.stdout).expect("audit json");
+    assert_eq!(report["violations"].as_array().map(Vec::len), Some(0));
+    h.assert_demo_run_converged(&run).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_one_line_exit_code_two_and_changes_nothing() {
+    let h = Harness::new().await;
+    let url = h.url.as_str();
+    let dir = tempfile::tempdir().expect("dir");
+
+    assert_bad_input(
+        &cli("mysql://localhost/x", &["status"]).await,
+        "unsupported database url",
+    );
+    assert_bad_input(
+        &cli(url, &["run", "no-such-pipeline.toml"]).await,
+        "no-such-pipeline.toml",
+    );
+    assert_bad_input(
+        &cli(url, &["worker", "--concurrency", "0"]).await,
+        "--concurrency",
+    );
+    assert_bad_input(&cli(url, &["frobnicate"]).await, "frobnicate");
+    assert_bad_input(
+        &cli(url, &["artifacts", "no-such-run"]).await,
+        "run `no-such-run` does not exist",
+    );
+
+    let junk = dir.path().join("junk.wasm");
+    std::fs::write(&junk, b"\0asm but not really").expect("write");
+    let junk = junk.display().to_string();
+    assert_bad_input(
+        &cli(url, &["plugin", "add", &junk]).await,
+        "not a valid Wasm component",
+    );
+    assert_bad_input(
+        &cli(url, &["plugin", "add", "missing.wasm"]).await,
+        "missing.wasm",
+    );
+    assert!(
+        h.store.plugin_list().await.expect("list").is_empty(),
+        "nothing registered"
+    );
+
+    let pipeline = dir.path().join("cycle.toml");
+    std::fs::copy(
+        concat!(env!("CARGO_MANIFEST_DIR"), "/ui/pipeline/cycle.toml"),
+        &pipeline,
+    )
+    .expect("copy");
+    h.register(&DEMO_PLUGINS).await;
+    let bad = cli(url, &["run", &pipeline.display().to_string()]).await;
+    assert_bad_input(
+        &bad,
+        "cycle.toml:9: stages form a cycle: publish -> draft -> publish",
+    );
+    assert!(
+        h.store.run_list().await.expect("runs").is_empty(),
+        "no run was created"
+    );
+
+    let mut crashing = ratchet(BIN, url);
+    crashing
+        .args(["worker", "--until-idle"])
+        .env("FAILPOINTS", "after_lunch=panic");
+    assert_bad_input(&output(crashing).await, "not a crash point");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stops_cleanly_on_sigterm() {
+    let h = Harness::new().await;
+    let mut cmd = ratchet(BIN, &h.url);
+    cmd.args(["worker", "--concurrency", "2"])
+        .env("RATCHET_LOG", "info")
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn worker");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let started = tokio::time::timeout(ratchet_tests::BOUND, async {
+        while let Some(line) = lines.next_line().await.expect("read") {
+            if line.contains("worker started") {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("started within the bound");
+    assert!(started);
+    let pid = child.id().expect("pid").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let status = tokio::time::timeout(ratchet_tests::BOUND, child.wait())
+        .await
+        .expect("stopped within the bound")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+}

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 #[doc(hidden)]
+#[allow(clippy::too_many_arguments)] // generated code
 pub mod bindings {
     wit_bindgen::generate!({
         world: "stage",

@@ -64,7 +64,9 @@ pub fn audit(facts: &AuditFacts) -> AuditReport {
         .iter()
         .map(|j| ((j.run_id.as_str(), j.stage.as_str()), j))
         .collect();
-    let mut bindings: HashMap<(&str, &str), Vec<(&str, &str, &str)>> = HashMap::new();
+    // (run, stage) -> [(input, from stage, from output)]
+    type Bindings<'a> = HashMap<(&'a str, &'a str), Vec<(&'a str, &'a str, &'a str)>>;
+    let mut bindings: Bindings<'_> = HashMap::new();
     for (run, b) in &facts.inputs {
         bindings
             .entry((run.as_str(), b.stage.as_str()))

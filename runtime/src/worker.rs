@@ -145,10 +145,10 @@ impl Task {
                 Ok(Some(finished)) => {
                     store_errors = 0;
                     self.count(&finished.outcome);
-                    if let AttemptOutcome::Succeeded { released, .. } = &finished.outcome {
-                        if !released.is_empty() {
-                            self.wake.notify_waiters();
-                        }
+                    if let AttemptOutcome::Succeeded { released, .. } = &finished.outcome
+                        && !released.is_empty()
+                    {
+                        self.wake.notify_waiters();
                     }
                     continue;
                 }

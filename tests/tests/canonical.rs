@@ -14,9 +14,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
 /// A worker process dies at `point` inside `draft`; the restarted one must
 /// hand the journaled model answer to attempt 2 and carry it downstream.
 ///
-/// Checked on the buggy shape: with the journal lookup removed from
-/// plugin/host/model.rs (every call asks the backend afresh), the committed
-/// draft differs from the journaled answer and this test fails.
+/// Checked on the buggy shape: with plugin/host/model.rs skipping the
+/// journal lookup and continuing from its own fresh answer after its insert
+/// was ignored (the article's trap), both cases fail: the committed draft is
+/// not the journaled answer.
 async fn retry_is_handed_the_journaled_answer(point: &str) {
     let h = Harness::new().await;
     h.register(&DEMO_PLUGINS).await;
@@ -89,10 +90,8 @@ async fn retry_after_a_crash_past_execution_is_handed_the_journaled_answer() {
     retry_is_handed_the_journaled_answer("after_execute").await;
 }
 
-/// Checked on the buggy shape: with `job_complete` returning the proposal's
-/// digest instead of the stored winner's, `won` stays true and downstream
-/// digests disagree; with the `SELECT` of the winner removed, completion
-/// errors instead of converging.
+/// Checked on the buggy shape: with `job_complete` reporting the proposal's
+/// digest as canonical (and the proposal as the winner), this test fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proposal_that_loses_to_a_committed_artifact_is_discarded_and_downstream_reads_the_winner()
  {

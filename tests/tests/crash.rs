@@ -2,10 +2,11 @@
 //! point, by exiting and by panicking, at the first stage and at `publish`;
 //! a restarted worker finishes the run with every invariant intact.
 //!
-//! Checked on the buggy shape: with dependents released in a second
-//! transaction after the completion commit (a `job_release` call after
-//! `tx.commit()` in store/sqlite/jobs.rs), the `after_commit` cases end with
-//! `prepare-next` blocked forever and fail in `assert_demo_run_converged`.
+//! Checked on the buggy shape: with `job_complete` committing the artifact
+//! and job first and releasing dependents in a second transaction (crash
+//! point between), and the reconciler's edge repair turned off, both
+//! `after_commit` cases fail: the run stays stuck after the restart. With
+//! the reconciler on, it repairs that slip, as DESIGN.md asks.
 
 use ratchet_runtime::crash::CRASH_EXIT_CODE;
 use ratchet_tests::{DEMO_PLUGINS, Harness, output, ratchet};

@@ -13,7 +13,11 @@ impl Stage for Draft {
             topic => topic,
         };
         let answer = ctx.generate(&format!("Write a short announcement about {topic}."))?;
-        ctx.info(&format!("attempt {} drafted {} bytes", ctx.attempt(), answer.len()));
+        ctx.info(&format!(
+            "attempt {} drafted {} bytes",
+            ctx.attempt(),
+            answer.len()
+        ));
         Ok(Outputs::new().text("draft", answer))
     }
 }

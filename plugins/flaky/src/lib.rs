@@ -9,7 +9,10 @@ impl Stage for Flaky {
     fn run(ctx: &Context, inputs: &Inputs) -> Result<Outputs, Error> {
         let failures: u32 = inputs.text("config")?.trim().parse().unwrap_or(0);
         if ctx.attempt() <= failures {
-            return Err(Error::retryable(format!("flaky failure on attempt {}", ctx.attempt())));
+            return Err(Error::retryable(format!(
+                "flaky failure on attempt {}",
+                ctx.attempt()
+            )));
         }
         Ok(Outputs::new().text("draft", format!("drafted on attempt {}", ctx.attempt())))
     }

@@ -63,6 +63,9 @@ impl SchedulerConfig {
     }
 }
 
+/// How often `run_claimed` retries a transiently failed completion.
+const FINISH_RETRIES: u32 = 5;
+
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AttemptOutcome {
@@ -261,11 +264,24 @@ impl Scheduler {
         Ok(outcome)
     }
 
-    /// Execute and finish a job already claimed.
+    /// Execute and finish a job already claimed. A transient store error
+    /// while finishing (a dropped connection, a deadlock victim) is retried
+    /// a few times: the attempt still holds its lease, and the transaction
+    /// either committed whole or not at all.
     pub async fn run_claimed(&self, job: ClaimedJob) -> Result<Finished, StoreError> {
         let execution = self.execute(&job).await?;
         let report = execution.report.clone();
-        let outcome = self.finish(&job, execution).await?;
+        let mut tries = 0u32;
+        let outcome = loop {
+            match self.finish(&job, execution.clone()).await {
+                Err(e) if e.is_transient() && tries < FINISH_RETRIES => {
+                    tries += 1;
+                    tracing::warn!(run = %job.run_id, stage = %job.stage, "finishing the attempt failed, retrying: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50 << tries)).await;
+                }
+                other => break other?,
+            }
+        };
         log_outcome(&job, &outcome);
         Ok(Finished {
             job,

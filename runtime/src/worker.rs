@@ -73,6 +73,7 @@ pub async fn run(
 ) -> Result<Arc<WorkerStats>, WorkerError> {
     let stats = Arc::new(WorkerStats::default());
     let wake = Arc::new(Notify::new());
+    sched.store().listen_ready(wake.clone());
     let report = sched.store().reconcile(clock.now_ms()).await?;
     if report != Default::default() {
         tracing::info!(?report, "reconciled on start");
@@ -127,6 +128,12 @@ pub async fn run(
     Ok(stats)
 }
 
+enum Step {
+    Worked,
+    Wait(Duration),
+    Done,
+}
+
 struct Task {
     sched: Arc<Scheduler>,
     clock: Arc<dyn Clock>,
@@ -141,28 +148,28 @@ impl Task {
         let mut store_errors = 0u32;
         while !*self.shutdown.borrow() {
             let notified = self.wake.notified();
-            match self.sched.run_next().await {
-                Ok(Some(finished)) => {
+            let wait = match self.step().await {
+                Ok(Step::Worked) => {
                     store_errors = 0;
-                    self.count(&finished.outcome);
-                    if let AttemptOutcome::Succeeded { released, .. } = &finished.outcome
-                        && !released.is_empty()
-                    {
-                        self.wake.notify_waiters();
-                    }
                     continue;
                 }
-                Ok(None) => store_errors = 0,
-                Err(e) if e.is_transient() && store_errors < 10 => {
-                    store_errors += 1;
-                    tracing::warn!("store error, backing off: {e}");
+                Ok(Step::Wait(wait)) => {
+                    store_errors = 0;
+                    wait
+                }
+                Ok(Step::Done) => {
+                    self.wake.notify_waiters();
+                    return Ok(());
+                }
+                // A restarting database or a dropped connection: back off and
+                // try again; the pool reconnects. Anything else stops the worker.
+                Err(e) if e.is_transient() => {
+                    store_errors = store_errors.saturating_add(1);
+                    let backoff = Duration::from_millis(100u64 << store_errors.min(6));
+                    tracing::warn!("store unavailable, retrying in {backoff:?}: {e}");
+                    backoff
                 }
                 Err(e) => return Err(e),
-            }
-            let wait = self.idle_wait().await?;
-            let Some(wait) = wait else {
-                self.wake.notify_waiters();
-                return Ok(());
             };
             tokio::select! {
                 _ = notified => {}
@@ -171,6 +178,22 @@ impl Task {
             }
         }
         Ok(())
+    }
+
+    async fn step(&self) -> Result<Step, StoreError> {
+        if let Some(finished) = self.sched.run_next().await? {
+            self.count(&finished.outcome);
+            if let AttemptOutcome::Succeeded { released, .. } = &finished.outcome
+                && !released.is_empty()
+            {
+                self.wake.notify_waiters();
+            }
+            return Ok(Step::Worked);
+        }
+        Ok(match self.idle_wait().await? {
+            Some(wait) => Step::Wait(wait),
+            None => Step::Done,
+        })
     }
 
     /// How long to wait for work; `None` when `until_idle` and all is done.

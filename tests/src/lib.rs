@@ -2,6 +2,8 @@
 //! temporary folder, the real plugin host, the compiled plugins, and checks
 //! of the demo pipeline's invariants.
 
+pub mod fleet;
+
 use std::path::PathBuf;
 use std::process::Output;
 use std::sync::Arc;
@@ -37,26 +39,96 @@ pub struct Harness {
     pub host: Arc<PluginHost>,
 }
 
+/// Which database a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// The server the Postgres tests use: `RATCHET_TEST_POSTGRES`, or the
+/// project machines' default. Each harness gets a schema of its own.
+pub fn postgres_base_url() -> Option<String> {
+    match std::env::var("RATCHET_TEST_POSTGRES") {
+        Ok(url) if url == "off" => None,
+        Ok(url) => Some(url),
+        Err(_) => Some(DEFAULT_POSTGRES.to_string()),
+    }
+}
+
+const DEFAULT_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// A fresh schema on the test server, or `None` (with a note on stderr) when
+/// Postgres is not available here. Under `CI=true` an unreachable server is
+/// a failure, never a skip.
+pub async fn postgres_schema_url() -> Option<String> {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let Some(base) = postgres_base_url() else {
+        assert!(!ci, "RATCHET_TEST_POSTGRES=off is not allowed in CI");
+        eprintln!("skipping a Postgres test: RATCHET_TEST_POSTGRES=off");
+        return None;
+    };
+    let admin = match sqlx::PgPool::connect(&base).await {
+        Ok(pool) => pool,
+        Err(e) if !ci => {
+            eprintln!(
+                "skipping a Postgres test: cannot connect to {base} ({e}); set RATCHET_TEST_POSTGRES=postgres://USER@HOST:PORT/DB to run it"
+            );
+            return None;
+        }
+        Err(e) => panic!("CI=true and Postgres at {base} is unreachable: {e}"),
+    };
+    let schema = format!("ratchet_test_{}", uuid_like());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&admin)
+        .await
+        .expect("create test schema");
+    admin.close().await;
+    let sep = if base.contains('?') { '&' } else { '?' };
+    Some(format!(
+        "{base}{sep}options=-c%20search_path%3D{schema}&application_name={schema}"
+    ))
+}
+
+fn uuid_like() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..16)
+        .map(|_| char::from(b'a' + rng.random_range(0..26u8)))
+        .collect()
+}
+
 impl Harness {
     pub async fn new() -> Self {
         Self::with_clock(Arc::new(SystemClock)).await
     }
 
     pub async fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self::on(Backend::Sqlite, clock)
+            .await
+            .expect("sqlite is always available")
+    }
+
+    /// A harness on `backend`, or `None` when that backend is unavailable
+    /// here (Postgres outside CI).
+    pub async fn on(backend: Backend, clock: Arc<dyn Clock>) -> Option<Self> {
         let dir = tempfile::tempdir().expect("temp dir");
-        let url = format!("sqlite://{}", dir.path().join("ratchet.db").display());
+        let url = match backend {
+            Backend::Sqlite => format!("sqlite://{}", dir.path().join("ratchet.db").display()),
+            Backend::Postgres => postgres_schema_url().await?,
+        };
         let store = store::open(&url).await.expect("open store");
         let host = Arc::new(
             PluginHost::new(store.clone(), Arc::new(StochasticModel), clock.clone())
                 .expect("plugin host"),
         );
-        Self {
+        Some(Self {
             _dir: dir,
             url,
             store,
             clock,
             host,
-        }
+        })
     }
 
     pub async fn register(&self, names: &[&str]) {
@@ -189,6 +261,25 @@ impl Harness {
         assert!(report.is_clean(), "audit: {:#?}", report.violations);
         draft
     }
+}
+
+/// Declares one test per backend from one body:
+/// `backend_tests!(name => body)` gives `name_on_sqlite` and
+/// `name_on_postgres`, each calling `body(Backend)`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident => $body:ident;)*) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_sqlite() {
+                super::$body($crate::Backend::Sqlite).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_postgres() {
+                super::$body($crate::Backend::Postgres).await;
+            }
+        }
+    )*};
 }
 
 /// A `ratchet` child process on this harness's database.

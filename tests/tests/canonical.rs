@@ -3,11 +3,19 @@
 
 use std::sync::Arc;
 
-use ratchet_runtime::clock::ManualClock;
+use ratchet_runtime::clock::{ManualClock, SystemClock};
 use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::scheduler::AttemptOutcome;
 use ratchet_runtime::store::{ArtifactPut, ModelCallPut};
-use ratchet_tests::{DEMO_PLUGINS, Harness, output, ratchet};
+use ratchet_tests::{Backend, DEMO_PLUGINS, Harness, output, ratchet};
+
+ratchet_tests::backend_tests! {
+    retry_after_a_crash_past_the_model_call_is_handed_the_journaled_answer => after_model_call;
+    retry_after_a_crash_past_execution_is_handed_the_journaled_answer => after_execute;
+    a_proposal_that_loses_to_a_committed_artifact_is_discarded_and_downstream_reads_the_winner => loser_reads_the_winner;
+    racing_model_calls_converge_on_the_first_recorded_answer => racing_journal_writes;
+    a_retry_that_asks_the_model_a_different_question_fails_fatally => different_question_is_fatal;
+}
 
 const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
 
@@ -18,8 +26,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
 /// journal lookup and continuing from its own fresh answer after its insert
 /// was ignored (the article's trap), both cases fail: the committed draft is
 /// not the journaled answer.
-async fn retry_is_handed_the_journaled_answer(point: &str) {
-    let h = Harness::new().await;
+async fn retry_is_handed_the_journaled_answer(backend: Backend, point: &str) {
+    let Some(h) = Harness::on(backend, Arc::new(SystemClock)).await else {
+        return;
+    };
     h.register(&DEMO_PLUGINS).await;
     let run = h.submit_demo().await;
 
@@ -80,22 +90,20 @@ async fn retry_is_handed_the_journaled_answer(point: &str) {
     assert_eq!(canonical, sha256_hex(answer_a.as_bytes()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retry_after_a_crash_past_the_model_call_is_handed_the_journaled_answer() {
-    retry_is_handed_the_journaled_answer("after_model_call").await;
+async fn after_model_call(backend: Backend) {
+    retry_is_handed_the_journaled_answer(backend, "after_model_call").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retry_after_a_crash_past_execution_is_handed_the_journaled_answer() {
-    retry_is_handed_the_journaled_answer("after_execute").await;
+async fn after_execute(backend: Backend) {
+    retry_is_handed_the_journaled_answer(backend, "after_execute").await;
 }
 
 /// Checked on the buggy shape: with `job_complete` reporting the proposal's
 /// digest as canonical (and the proposal as the winner), this test fails.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_proposal_that_loses_to_a_committed_artifact_is_discarded_and_downstream_reads_the_winner()
- {
-    let h = Harness::new().await;
+async fn loser_reads_the_winner(backend: Backend) {
+    let Some(h) = Harness::on(backend, Arc::new(SystemClock)).await else {
+        return;
+    };
     h.register(&DEMO_PLUGINS).await;
     let run = h.submit_demo().await;
     let sched = h.scheduler("worker", 30_000);
@@ -170,9 +178,10 @@ async fn a_proposal_that_loses_to_a_committed_artifact_is_discarded_and_downstre
     );
 }
 
-#[tokio::test]
-async fn racing_model_calls_converge_on_the_first_recorded_answer() {
-    let h = Harness::new().await;
+async fn racing_journal_writes(backend: Backend) {
+    let Some(h) = Harness::on(backend, Arc::new(SystemClock)).await else {
+        return;
+    };
     h.register(&DEMO_PLUGINS).await;
     let run = h.submit_demo().await;
     let call = |response: &str, attempt| ModelCallPut {
@@ -202,10 +211,11 @@ async fn racing_model_calls_converge_on_the_first_recorded_answer() {
     assert_eq!(second.attempt, 1);
 }
 
-#[tokio::test]
-async fn a_retry_that_asks_the_model_a_different_question_fails_fatally() {
+async fn different_question_is_fatal(backend: Backend) {
     let clock = Arc::new(ManualClock::new(1_000_000));
-    let h = Harness::with_clock(clock.clone()).await;
+    let Some(h) = Harness::on(backend, clock.clone()).await else {
+        return;
+    };
     h.register(&["nondeterministic-prompt"]).await;
     let run = h
         .submit(

@@ -9,15 +9,20 @@
 //! the reconciler on, it repairs that slip, as DESIGN.md asks.
 
 use ratchet_runtime::crash::CRASH_EXIT_CODE;
-use ratchet_tests::{DEMO_PLUGINS, Harness, output, ratchet};
+use std::sync::Arc;
+
+use ratchet_runtime::clock::SystemClock;
+use ratchet_tests::{Backend, DEMO_PLUGINS, Harness, output, ratchet};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
 
 /// `skip` hits of the point pass; the next one crashes. With one worker
 /// task the stages run draft, verify, publish, prepare-next, so `skip = 2`
 /// crashes inside `publish`, the stage with the outbox event.
-async fn crash_then_recover(point: &str, action: &str, skip: u32) {
-    let h = Harness::new().await;
+async fn crash_then_recover(backend: Backend, point: &str, action: &str, skip: u32) {
+    let Some(h) = Harness::on(backend, Arc::new(SystemClock)).await else {
+        return;
+    };
     h.register(&DEMO_PLUGINS).await;
     let run = h.submit_demo().await;
 
@@ -91,20 +96,29 @@ async fn crash_then_recover(point: &str, action: &str, skip: u32) {
     );
 }
 
-async fn every_position(point: &str, action: &str) {
-    crash_then_recover(point, action, 0).await;
+async fn every_position(backend: Backend, point: &str, action: &str) {
+    crash_then_recover(backend, point, action, 0).await;
     if point != "after_model_call" {
         // Only `draft` calls the model; every other point is also hit by
         // `publish`, the third stage.
-        crash_then_recover(point, action, 2).await;
+        crash_then_recover(backend, point, action, 2).await;
     }
 }
 
 macro_rules! crash_tests {
     ($($name:ident: $point:literal, $action:literal;)*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            every_position($point, $action).await;
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_sqlite() {
+                every_position(Backend::Sqlite, $point, $action).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn on_postgres() {
+                every_position(Backend::Postgres, $point, $action).await;
+            }
         }
     )*};
 }

@@ -9,7 +9,14 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ratchet_runtime::store::JobState;
-use ratchet_tests::{DEMO_PLUGINS, Harness};
+use std::sync::Arc;
+
+use ratchet_runtime::clock::SystemClock;
+use ratchet_tests::{Backend, DEMO_PLUGINS, Harness};
+
+ratchet_tests::backend_tests! {
+    an_adversarial_scheduler_never_runs_a_stage_before_its_dependencies => adversarial_schedule;
+}
 
 /// `verify` is ordered after `publish` by an `after` edge alone: nothing in
 /// the data says so. `prepare-next` has both kinds (its plugin's `after` and
@@ -44,9 +51,10 @@ const SEEDS: u64 = 500;
 /// The stages most likely to break ordering come first.
 const ADVERSARIAL_ORDER: [&str; 4] = ["prepare-next", "verify", "publish", "draft"];
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_adversarial_scheduler_never_runs_a_stage_before_its_dependencies() {
-    let h = Harness::new().await;
+async fn adversarial_schedule(backend: Backend) {
+    let Some(h) = Harness::on(backend, Arc::new(SystemClock)).await else {
+        return;
+    };
     h.register(&DEMO_PLUGINS).await;
     let sched = h.scheduler("adversary", 30_000);
     for seed in 0..SEEDS {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::scheduler::AttemptOutcome;
 use ratchet_runtime::store::JobState;
-use ratchet_tests::Harness;
+use ratchet_tests::{Backend, Harness};
 
 const FLAKY: &str = r#"
 name = "flaky"
@@ -21,17 +21,25 @@ plugin = "verify@^1"
 inputs = { draft = "flaky.draft" }
 "#;
 
-async fn harness() -> (Arc<ManualClock>, Harness) {
+async fn harness(backend: Backend) -> Option<(Arc<ManualClock>, Harness)> {
     let clock = Arc::new(ManualClock::new(1_000_000));
-    let h = Harness::with_clock(clock.clone()).await;
+    let h = Harness::on(backend, clock.clone()).await?;
     h.register(&["flaky", "always-fatal", "verify", "publish"])
         .await;
-    (clock, h)
+    Some((clock, h))
 }
 
-#[tokio::test]
-async fn a_retryable_failure_is_retried_with_growing_delay() {
-    let (clock, h) = harness().await;
+ratchet_tests::backend_tests! {
+    a_retryable_failure_is_retried_with_growing_delay => retried_with_growing_delay;
+    a_fatal_failure_kills_the_stage_fails_the_run_and_cancels_dependents => fatal_kills_the_run;
+    a_stage_out_of_attempts_is_dead => out_of_attempts_is_dead;
+    a_trapping_plugin_fails_its_attempt_and_the_retry_succeeds => trap_is_a_failed_attempt;
+}
+
+async fn retried_with_growing_delay(backend: Backend) {
+    let Some((clock, h)) = harness(backend).await else {
+        return;
+    };
     let run = h.submit(FLAKY, b"3").await;
     let sched = h.scheduler("worker", 30_000);
     let mut delays = Vec::new();
@@ -85,9 +93,10 @@ async fn a_retryable_failure_is_retried_with_growing_delay() {
     assert!(h.audit().await.is_clean());
 }
 
-#[tokio::test]
-async fn a_fatal_failure_kills_the_stage_fails_the_run_and_cancels_dependents() {
-    let (_clock, h) = harness().await;
+async fn fatal_kills_the_run(backend: Backend) {
+    let Some((_clock, h)) = harness(backend).await else {
+        return;
+    };
     let pipeline = r#"
 name = "doomed"
 [[stage]]
@@ -137,9 +146,10 @@ inputs = { draft = "doomed.draft" }
     );
 }
 
-#[tokio::test]
-async fn a_stage_out_of_attempts_is_dead() {
-    let (clock, h) = harness().await;
+async fn out_of_attempts_is_dead(backend: Backend) {
+    let Some((clock, h)) = harness(backend).await else {
+        return;
+    };
     let pipeline = FLAKY.replace(
         "name = \"flaky\"\n[[stage]]",
         "name = \"flaky\"\nmax_attempts = 2\n[[stage]]",
@@ -166,5 +176,45 @@ async fn a_stage_out_of_attempts_is_dead() {
             .expect("run")
             .state,
         "failed"
+    );
+}
+
+async fn trap_is_a_failed_attempt(backend: Backend) {
+    let Some((clock, h)) = harness(backend).await else {
+        return;
+    };
+    h.register(&["traps"]).await;
+    let run = h
+        .submit(
+            "name = \"trap\"\n[[stage]]\nname = \"trap\"\nplugin = \"traps@^1\"\n",
+            b"",
+        )
+        .await;
+    let sched = h.scheduler("worker", 30_000);
+    let job = sched.claim(None).await.expect("claim").expect("due");
+    let outcome = sched
+        .run_claimed(job)
+        .await
+        .expect("the host survives the trap")
+        .outcome;
+    let AttemptOutcome::Retrying { at, error } = outcome else {
+        panic!("a trap is a retryable failed attempt: {outcome:?}");
+    };
+    assert!(error.contains("trapped"), "{error}");
+    clock.set(at);
+    let job = sched.claim(None).await.expect("claim").expect("due");
+    let outcome = sched.run_claimed(job).await.expect("run").outcome;
+    assert!(
+        matches!(outcome, AttemptOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        h.store
+            .run_get(&run)
+            .await
+            .expect("run")
+            .expect("run")
+            .state,
+        "succeeded"
     );
 }

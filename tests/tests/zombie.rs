@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use ratchet_runtime::clock::ManualClock;
 use ratchet_runtime::scheduler::AttemptOutcome;
-use ratchet_tests::{DEMO_PLUGINS, Harness};
+use ratchet_tests::{Backend, DEMO_PLUGINS, Harness};
 use serde_json::json;
 
 async fn snapshot(h: &Harness, run: &str) -> serde_json::Value {
@@ -23,10 +23,15 @@ async fn snapshot(h: &Harness, run: &str) -> serde_json::Value {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zombie_worker_cannot_complete_or_fail_after_its_lease_was_taken_over() {
+ratchet_tests::backend_tests! {
+    zombie_worker_cannot_complete_or_fail_after_its_lease_was_taken_over => zombie_is_fenced_out;
+}
+
+async fn zombie_is_fenced_out(backend: Backend) {
     let clock = Arc::new(ManualClock::new(1_000_000));
-    let h = Harness::with_clock(clock.clone()).await;
+    let Some(h) = Harness::on(backend, clock.clone()).await else {
+        return;
+    };
     h.register(&DEMO_PLUGINS).await;
     let run = h.submit_demo().await;
     let zombie = h.scheduler("zombie", 1_000);

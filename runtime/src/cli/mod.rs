@@ -28,7 +28,7 @@ use crate::worker::{self, WorkerOptions};
     about = "Durable pipelines of sandboxed Wasm stages"
 )]
 pub struct Cli {
-    /// Database URL: sqlite://PATH (created if missing).
+    /// Database URL: sqlite://PATH (created if missing) or postgres://USER@HOST:PORT/DB.
     #[arg(
         long,
         global = true,
@@ -242,11 +242,14 @@ impl Env {
 }
 
 fn check_db_url(db: &str) -> Result<()> {
-    if db.starts_with("sqlite:") {
+    if ["sqlite:", "postgres://", "postgresql://"]
+        .iter()
+        .any(|scheme| db.starts_with(scheme))
+    {
         return Ok(());
     }
     Err(BadInput(format!(
-        "unsupported database url `{db}`: use sqlite://PATH (e.g. --db sqlite://ratchet.db or RATCHET_DB=sqlite://ratchet.db)"
+        "unsupported database url `{db}`: use sqlite://PATH (e.g. sqlite://ratchet.db) or postgres://USER@HOST:PORT/DB"
     ))
     .into())
 }
@@ -328,12 +331,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 until_idle,
                 ..WorkerOptions::default()
             };
+            let stop_signal = shutdown_signal()?;
             tracing::info!(worker = %worker_id, concurrency, "worker started");
             let (stop, stopped) = tokio::sync::watch::channel(false);
             let mut work = tokio::spawn(worker::run(sched, env.clock.clone(), opts, stopped));
             let stats = tokio::select! {
                 joined = &mut work => joined??,
-                _ = shutdown_signal() => {
+                _ = stop_signal => {
                     tracing::info!("stopping: letting in-flight attempts finish (up to {grace_secs} s)");
                     let _ = stop.send(true);
                     match tokio::time::timeout(Duration::from_secs(grace_secs), &mut work).await {
@@ -362,24 +366,20 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGTERM and Ctrl-C, with handlers installed when this returns (before the
+/// worker says it started), so an early signal is never the default "die".
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot install the SIGTERM handler")?;
+    let ctrl_c = tokio::signal::ctrl_c();
+    Ok(async move {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    {
+        #[cfg(not(unix))]
         let _ = ctrl_c.await;
-    }
+    })
 }

@@ -1,6 +1,8 @@
 //! Durable state behind one [`Store`] trait; each backend owns its SQL
 //! (`sqlite/`). Every multi-row change is one transaction.
 
+mod postgres;
+mod rows;
 mod sqlite;
 mod types;
 
@@ -8,6 +10,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
+pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use types::*;
 
@@ -20,7 +23,7 @@ pub enum StoreError {
     #[error("cannot apply the database migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error(
-        "unsupported database url `{0}` (use sqlite://PATH, e.g. sqlite://ratchet.db; postgres:// is not supported yet)"
+        "unsupported database url `{0}` (use sqlite://PATH, e.g. sqlite://ratchet.db, or postgres://USER@HOST/DB)"
     )]
     UnsupportedUrl(String),
     #[error(
@@ -41,11 +44,20 @@ impl StoreError {
     /// Whether retrying the same operation may succeed (lock contention,
     /// a dropped connection) rather than fail the same way again.
     pub fn is_transient(&self) -> bool {
-        match self {
-            StoreError::Database(e) => matches!(
-                e,
-                sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::Database(_)
-            ),
+        let StoreError::Database(e) = self else {
+            return false;
+        };
+        match e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => true,
+            sqlx::Error::Database(db) => {
+                let code = db.code().unwrap_or_default();
+                // Postgres: serialization failure, deadlock, shutdown, lost
+                // connection; SQLite: busy or locked.
+                matches!(
+                    code.as_ref(),
+                    "40001" | "40P01" | "57P01" | "57P02" | "57P03" | "5" | "6"
+                ) || code.starts_with("08")
+            }
             _ => false,
         }
     }
@@ -57,6 +69,8 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(SqliteStore::open(url).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PostgresStore::open(url).await?))
     } else {
         Err(StoreError::UnsupportedUrl(url.to_string()))
     }
@@ -128,4 +142,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Everything the invariant audit reads.
     async fn audit_facts(&self) -> Result<AuditFacts>;
+
+    /// Calls `wake.notify_waiters()` whenever another process makes a job
+    /// ready, for backends that can tell (Postgres `LISTEN`); workers still
+    /// poll slowly as a safety net.
+    fn listen_ready(&self, wake: Arc<tokio::sync::Notify>) {
+        let _ = wake;
+    }
 }

@@ -1,26 +1,11 @@
 //! `artifacts` and `model_calls`: both written canonical-first.
 
-use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 
 use super::*;
 
 const META_COLUMNS: &str =
     "run_id, stage, output, media_type, digest, size, attempt, plugin_digest, created_at";
-
-fn meta(row: &SqliteRow) -> Result<ArtifactMeta> {
-    Ok(ArtifactMeta {
-        run_id: row.try_get("run_id")?,
-        stage: row.try_get("stage")?,
-        output: row.try_get("output")?,
-        media_type: row.try_get("media_type")?,
-        digest: row.try_get("digest")?,
-        size: row.try_get("size")?,
-        attempt: row.try_get("attempt")?,
-        plugin_digest: row.try_get("plugin_digest")?,
-        created_at: row.try_get("created_at")?,
-    })
-}
 
 /// `INSERT … ON CONFLICT DO NOTHING RETURNING`, and when nothing comes back,
 /// read the winner. The returned digest is the only one callers may use.
@@ -80,7 +65,7 @@ pub(super) async fn get(
     .await?;
     row.map(|row| {
         Ok(Artifact {
-            meta: meta(&row)?,
+            meta: rows::artifact_meta(&row)?,
             bytes: row.try_get("bytes")?,
         })
     })
@@ -98,7 +83,7 @@ pub(super) async fn list<'e>(
     .bind(run_id)
     .fetch_all(ex)
     .await?;
-    rows.iter().map(meta).collect()
+    rows.iter().map(rows::artifact_meta).collect()
 }
 
 pub(super) async fn inputs_load(
@@ -129,17 +114,6 @@ pub(super) async fn inputs_load(
     Ok(loaded)
 }
 
-fn model_call(row: &SqliteRow) -> Result<ModelCall> {
-    Ok(ModelCall {
-        run_id: row.try_get("run_id")?,
-        stage: row.try_get("stage")?,
-        index: row.try_get("call_index")?,
-        request_digest: row.try_get("request_digest")?,
-        response: row.try_get("response")?,
-        attempt: row.try_get("attempt")?,
-    })
-}
-
 pub(super) async fn model_call_put(store: &SqliteStore, m: ModelCallPut) -> Result<ModelCall> {
     let mut tx = store.begin_write().await?;
     sqlx::query(
@@ -164,7 +138,7 @@ pub(super) async fn model_call_put(store: &SqliteStore, m: ModelCallPut) -> Resu
             .fetch_one(&mut *tx)
             .await?;
     tx.commit().await?;
-    model_call(&row)
+    rows::model_call(&row)
 }
 
 pub(super) async fn model_call_get(
@@ -180,7 +154,7 @@ pub(super) async fn model_call_get(
             .bind(index)
             .fetch_optional(pool)
             .await?;
-    row.as_ref().map(model_call).transpose()
+    row.as_ref().map(rows::model_call).transpose()
 }
 
 pub(super) async fn model_call_list(pool: &SqlitePool, run_id: &str) -> Result<Vec<ModelCall>> {
@@ -188,5 +162,5 @@ pub(super) async fn model_call_list(pool: &SqlitePool, run_id: &str) -> Result<V
         .bind(run_id)
         .fetch_all(pool)
         .await?;
-    rows.iter().map(model_call).collect()
+    rows.iter().map(rows::model_call).collect()
 }

@@ -7,30 +7,6 @@ use sqlx::sqlite::SqliteRow;
 
 use super::*;
 
-fn job_row(row: &SqliteRow) -> Result<JobRow> {
-    let state: String = row.try_get("state")?;
-    Ok(JobRow {
-        id: row.try_get("id")?,
-        run_id: row.try_get("run_id")?,
-        stage: row.try_get("stage")?,
-        plugin_digest: row.try_get("plugin_digest")?,
-        state: JobState::parse(&state).ok_or_else(|| StoreError::Corrupt {
-            table: "jobs",
-            detail: format!("unknown state `{state}`"),
-        })?,
-        pending: row.try_get("pending")?,
-        attempt: row.try_get("attempt")?,
-        max_attempts: row.try_get("max_attempts")?,
-        lease_owner: row.try_get("lease_owner")?,
-        lease_expires_at: row.try_get("lease_expires_at")?,
-        next_run_at: row.try_get("next_run_at")?,
-        last_error: row.try_get("last_error")?,
-        succeeded_seq: row.try_get("succeeded_seq")?,
-        outputs: json_list("jobs", &row.try_get::<String, _>("outputs")?)?,
-        emits: json_list("jobs", &row.try_get::<String, _>("emits")?)?,
-    })
-}
-
 pub(super) async fn list<'e>(
     ex: impl sqlx::Executor<'e, Database = Sqlite>,
     run_id: Option<&str>,
@@ -39,7 +15,7 @@ pub(super) async fn list<'e>(
         .bind(run_id)
         .fetch_all(ex)
         .await?;
-    rows.iter().map(job_row).collect()
+    rows.iter().map(rows::job_row).collect()
 }
 
 pub(super) async fn claim(store: &SqliteStore, c: JobClaim) -> Result<Option<ClaimedJob>> {
@@ -86,17 +62,7 @@ pub(super) async fn claim(store: &SqliteStore, c: JobClaim) -> Result<Option<Cla
     .bind(job_id)
     .fetch_one(&mut *tx)
     .await?;
-    let claimed = ClaimedJob {
-        job_id,
-        run_id: row.try_get("run_id")?,
-        stage: row.try_get("stage")?,
-        plugin_digest: row.try_get("plugin_digest")?,
-        attempt: row.try_get("attempt")?,
-        max_attempts: row.try_get("max_attempts")?,
-        lease_expires_at,
-        outputs: json_list("jobs", &row.try_get::<String, _>("outputs")?)?,
-        emits: json_list("jobs", &row.try_get::<String, _>("emits")?)?,
-    };
+    let claimed = rows::claimed_job(&row, job_id, lease_expires_at)?;
     let seq = next_seq(&mut tx).await?;
     sqlx::query(
         "INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest, claim_seq,
@@ -138,7 +104,7 @@ pub(super) async fn complete(store: &SqliteStore, c: JobComplete) -> Result<Comp
     let run_id: String = job.try_get("run_id")?;
     let stage: String = job.try_get("stage")?;
     let plugin_digest: String = job.try_get("plugin_digest")?;
-    let emits = json_list("jobs", &job.try_get::<String, _>("emits")?)?;
+    let emits = rows::json_list("jobs", &job.try_get::<String, _>("emits")?)?;
 
     let mut outputs = Vec::with_capacity(c.outputs.len());
     for proposed in &c.outputs {
@@ -437,12 +403,15 @@ pub(super) async fn reconcile(store: &SqliteStore, now: i64) -> Result<Reconcile
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    let running: Vec<String> = sqlx::query_scalar("SELECT id FROM runs WHERE state = 'running'")
-        .fetch_all(&mut *tx)
-        .await?;
-    for run_id in running {
-        report.runs_finished += finish_run_if_done(&mut tx, &run_id, now).await?;
-    }
+    report.runs_finished = sqlx::query(
+        "UPDATE runs SET state = 'succeeded', finished_at = ?1
+         WHERE state = 'running'
+           AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.run_id = runs.id AND jobs.state != 'succeeded')",
+    )
+    .bind(now)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
     tx.commit().await?;
     Ok(report)
 }

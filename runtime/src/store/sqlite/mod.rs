@@ -14,7 +14,10 @@ use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
+use super::rows::{self, impl_row_ext, to_json};
 use super::*;
+
+impl_row_ext!(sqlx::sqlite::SqliteRow);
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
@@ -64,30 +67,6 @@ async fn next_seq(tx: &mut Tx) -> Result<i64> {
     .fetch_one(&mut **tx)
     .await?;
     Ok(seq)
-}
-
-fn json_list(table: &'static str, text: &str) -> Result<Vec<String>> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
-        table,
-        detail: e.to_string(),
-    })
-}
-
-fn json_map(
-    table: &'static str,
-    text: Option<String>,
-) -> Result<Option<std::collections::BTreeMap<String, String>>> {
-    text.map(|t| {
-        serde_json::from_str(&t).map_err(|e| StoreError::Corrupt {
-            table,
-            detail: e.to_string(),
-        })
-    })
-    .transpose()
-}
-
-fn to_json<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).unwrap_or_else(|_| "null".to_string())
 }
 
 #[async_trait]

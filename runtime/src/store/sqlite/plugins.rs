@@ -1,23 +1,10 @@
 //! `plugins`: content-addressed, immutable components.
 
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
 
 use super::*;
 
 const SUMMARY_COLUMNS: &str = "digest, name, version, manifest, size, registered_at, yanked";
-
-fn summary(row: &SqliteRow) -> Result<PluginSummary> {
-    Ok(PluginSummary {
-        digest: row.try_get("digest")?,
-        name: row.try_get("name")?,
-        version: row.try_get("version")?,
-        manifest: row.try_get("manifest")?,
-        size: row.try_get("size")?,
-        registered_at: row.try_get("registered_at")?,
-        yanked: row.try_get::<i64, _>("yanked")? != 0,
-    })
-}
 
 pub(super) async fn put(store: &SqliteStore, p: PluginPut) -> Result<PluginPutOutcome> {
     let mut tx = store.begin_write().await?;
@@ -69,7 +56,7 @@ pub(super) async fn get(store: &SqliteStore, digest: &str) -> Result<Option<Plug
     .await?;
     row.map(|row| {
         Ok(PluginRecord {
-            summary: summary(&row)?,
+            summary: rows::plugin_summary(&row)?,
             component: row.try_get("component")?,
         })
     })
@@ -82,5 +69,5 @@ pub(super) async fn list(store: &SqliteStore) -> Result<Vec<PluginSummary>> {
     )))
     .fetch_all(&store.pool)
     .await?;
-    rows.iter().map(summary).collect()
+    rows.iter().map(rows::plugin_summary).collect()
 }

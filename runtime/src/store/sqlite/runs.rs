@@ -1,20 +1,6 @@
 //! `runs`, with the jobs, edges and input bindings created beside them.
 
-use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
-
 use super::*;
-
-pub(super) fn run_row(row: &SqliteRow) -> Result<RunRow> {
-    Ok(RunRow {
-        id: row.try_get("id")?,
-        pipeline: row.try_get("pipeline")?,
-        state: row.try_get("state")?,
-        idempotency_key: row.try_get("idempotency_key")?,
-        created_at: row.try_get("created_at")?,
-        finished_at: row.try_get("finished_at")?,
-    })
-}
 
 pub(super) async fn submit(store: &SqliteStore, r: RunSubmit) -> Result<RunSubmitOutcome> {
     let mut tx = store.begin_write().await?;
@@ -103,12 +89,12 @@ pub(super) async fn get(store: &SqliteStore, run_id: &str) -> Result<Option<RunR
         .bind(run_id)
         .fetch_optional(&store.pool)
         .await?;
-    row.as_ref().map(run_row).transpose()
+    row.as_ref().map(rows::run_row).transpose()
 }
 
 pub(super) async fn list(store: &SqliteStore) -> Result<Vec<RunRow>> {
     let rows = sqlx::query("SELECT * FROM runs ORDER BY created_at, id")
         .fetch_all(&store.pool)
         .await?;
-    rows.iter().map(run_row).collect()
+    rows.iter().map(rows::run_row).collect()
 }

@@ -1,0 +1,167 @@
+//! `artifacts` and `model_calls`: both written canonical-first.
+
+use sqlx::{PgPool, Row};
+
+use super::*;
+
+/// `INSERT … ON CONFLICT DO NOTHING RETURNING`, and when nothing comes back,
+/// read the winner (which, under READ COMMITTED, a concurrent inserter has
+/// committed by the time the insert returns).
+pub(super) async fn put_canonical_tx(tx: &mut Tx, a: &ArtifactPut) -> Result<CanonicalArtifact> {
+    let inserted: Option<String> = sqlx::query_scalar(
+        "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size, attempt,
+                                plugin_digest, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+         ON CONFLICT (run_id, stage, output) DO NOTHING
+         RETURNING digest",
+    )
+    .bind(&a.run_id)
+    .bind(&a.stage)
+    .bind(&a.output)
+    .bind(&a.media_type)
+    .bind(&a.bytes)
+    .bind(&a.digest)
+    .bind(a.bytes.len() as i64)
+    .bind(a.attempt)
+    .bind(&a.plugin_digest)
+    .bind(a.now)
+    .fetch_optional(&mut **tx)
+    .await?;
+    if let Some(digest) = inserted {
+        return Ok(CanonicalArtifact {
+            digest,
+            inserted: true,
+        });
+    }
+    let digest: String = sqlx::query_scalar(
+        "SELECT digest FROM artifacts WHERE run_id = $1 AND stage = $2 AND output = $3",
+    )
+    .bind(&a.run_id)
+    .bind(&a.stage)
+    .bind(&a.output)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(CanonicalArtifact {
+        digest,
+        inserted: false,
+    })
+}
+
+pub(super) async fn get(
+    pool: &PgPool,
+    run_id: &str,
+    stage: &str,
+    output: &str,
+) -> Result<Option<Artifact>> {
+    let row =
+        sqlx::query("SELECT * FROM artifacts WHERE run_id = $1 AND stage = $2 AND output = $3")
+            .bind(run_id)
+            .bind(stage)
+            .bind(output)
+            .fetch_optional(pool)
+            .await?;
+    row.map(|row| {
+        Ok(Artifact {
+            meta: rows::artifact_meta(&row)?,
+            bytes: row.try_get("bytes")?,
+        })
+    })
+    .transpose()
+}
+
+pub(super) async fn list<'e>(
+    ex: impl sqlx::Executor<'e, Database = Postgres>,
+    run_id: Option<&str>,
+) -> Result<Vec<ArtifactMeta>> {
+    let rows = sqlx::query(
+        "SELECT run_id, stage, output, media_type, digest, size, attempt, plugin_digest, created_at
+         FROM artifacts WHERE ($1::TEXT IS NULL OR run_id = $1)
+         ORDER BY run_id, created_at, stage, output",
+    )
+    .bind(run_id)
+    .fetch_all(ex)
+    .await?;
+    rows.iter().map(rows::artifact_meta).collect()
+}
+
+pub(super) async fn inputs_load(
+    store: &PostgresStore,
+    run_id: &str,
+    stage: &str,
+) -> Result<Vec<LoadedInput>> {
+    let bindings = sqlx::query(
+        "SELECT input, from_stage, from_output FROM job_inputs
+         WHERE run_id = $1 AND stage = $2 ORDER BY input",
+    )
+    .bind(run_id)
+    .bind(stage)
+    .fetch_all(&store.pool)
+    .await?;
+    let mut loaded = Vec::with_capacity(bindings.len());
+    for b in bindings {
+        let from_stage: String = b.try_get("from_stage")?;
+        let from_output: String = b.try_get("from_output")?;
+        let artifact = get(&store.pool, run_id, &from_stage, &from_output).await?;
+        loaded.push(LoadedInput {
+            input: b.try_get("input")?,
+            from_stage,
+            from_output,
+            artifact,
+        });
+    }
+    Ok(loaded)
+}
+
+pub(super) async fn model_call_put(store: &PostgresStore, m: ModelCallPut) -> Result<ModelCall> {
+    let mut tx = store.begin().await?;
+    sqlx::query(
+        "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, attempt, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (run_id, stage, call_index) DO NOTHING",
+    )
+    .bind(&m.run_id)
+    .bind(&m.stage)
+    .bind(m.index)
+    .bind(&m.request_digest)
+    .bind(&m.response)
+    .bind(m.attempt)
+    .bind(m.now)
+    .execute(&mut *tx)
+    .await?;
+    let row = sqlx::query(
+        "SELECT * FROM model_calls WHERE run_id = $1 AND stage = $2 AND call_index = $3",
+    )
+    .bind(&m.run_id)
+    .bind(&m.stage)
+    .bind(m.index)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    rows::model_call(&row)
+}
+
+pub(super) async fn model_call_get(
+    pool: &PgPool,
+    run_id: &str,
+    stage: &str,
+    index: i64,
+) -> Result<Option<ModelCall>> {
+    let row = sqlx::query(
+        "SELECT * FROM model_calls WHERE run_id = $1 AND stage = $2 AND call_index = $3",
+    )
+    .bind(run_id)
+    .bind(stage)
+    .bind(index)
+    .fetch_optional(pool)
+    .await?;
+    row.as_ref().map(rows::model_call).transpose()
+}
+
+pub(super) async fn model_call_list(pool: &PgPool, run_id: &str) -> Result<Vec<ModelCall>> {
+    let rows =
+        sqlx::query("SELECT * FROM model_calls WHERE run_id = $1 ORDER BY stage, call_index")
+            .bind(run_id)
+            .fetch_all(pool)
+            .await?;
+    rows.iter().map(rows::model_call).collect()
+}

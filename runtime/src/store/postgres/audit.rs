@@ -1,0 +1,66 @@
+//! Read-only views for `status`, `audit` and tests.
+
+use super::*;
+
+pub(super) async fn attempts<'e>(
+    ex: impl sqlx::Executor<'e, Database = Postgres>,
+    run_id: Option<&str>,
+) -> Result<Vec<AttemptRow>> {
+    let rows = sqlx::query(
+        "SELECT * FROM attempts WHERE ($1::TEXT IS NULL OR run_id = $1) ORDER BY claim_seq",
+    )
+    .bind(run_id)
+    .fetch_all(ex)
+    .await?;
+    rows.iter().map(rows::attempt_row).collect()
+}
+
+pub(super) async fn outbox<'e>(
+    ex: impl sqlx::Executor<'e, Database = Postgres>,
+    run_id: Option<&str>,
+) -> Result<Vec<OutboxRow>> {
+    let rows =
+        sqlx::query("SELECT * FROM outbox WHERE ($1::TEXT IS NULL OR run_id = $1) ORDER BY id")
+            .bind(run_id)
+            .fetch_all(ex)
+            .await?;
+    rows.iter().map(rows::outbox_row).collect()
+}
+
+/// Every row the audit reads, from one REPEATABLE READ snapshot.
+pub(super) async fn facts(store: &PostgresStore) -> Result<AuditFacts> {
+    let mut tx = store
+        .pool
+        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await?;
+    let runs = sqlx::query("SELECT * FROM runs ORDER BY created_at, id")
+        .fetch_all(&mut *tx)
+        .await?;
+    let runs = runs.iter().map(rows::run_row).collect::<Result<Vec<_>>>()?;
+    let jobs = jobs::list(&mut *tx, None).await?;
+    let edges = sqlx::query("SELECT * FROM edges")
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(rows::edge_row)
+        .collect::<Result<Vec<_>>>()?;
+    let inputs = sqlx::query("SELECT * FROM job_inputs")
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(rows::input_row)
+        .collect::<Result<Vec<_>>>()?;
+    let artifacts = artifacts::list(&mut *tx, None).await?;
+    let attempts = attempts(&mut *tx, None).await?;
+    let outbox = outbox(&mut *tx, None).await?;
+    tx.commit().await?;
+    Ok(AuditFacts {
+        runs,
+        jobs,
+        edges,
+        inputs,
+        artifacts,
+        attempts,
+        outbox,
+    })
+}

@@ -1,0 +1,66 @@
+//! `plugins`: content-addressed, immutable components.
+
+use sqlx::Row;
+
+use super::*;
+
+pub(super) async fn put(store: &PostgresStore, p: PluginPut) -> Result<PluginPutOutcome> {
+    let mut tx = store.begin().await?;
+    let inserted = sqlx::query(
+        "INSERT INTO plugins (digest, name, version, manifest, component, size, registered_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+    )
+    .bind(&p.digest)
+    .bind(&p.name)
+    .bind(&p.version)
+    .bind(&p.manifest)
+    .bind(&p.component)
+    .bind(p.component.len() as i64)
+    .bind(p.now)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if inserted == 1 {
+        tx.commit().await?;
+        return Ok(PluginPutOutcome::Inserted);
+    }
+    // Either these bytes are registered (a no-op) or the version is taken.
+    let existing: Option<String> =
+        sqlx::query_scalar("SELECT digest FROM plugins WHERE name = $1 AND version = $2")
+            .bind(&p.name)
+            .bind(&p.version)
+            .fetch_optional(&mut *tx)
+            .await?;
+    match existing {
+        Some(existing) if existing != p.digest => Err(StoreError::VersionConflict {
+            name: p.name,
+            version: p.version,
+            existing,
+        }),
+        _ => Ok(PluginPutOutcome::AlreadyPresent),
+    }
+}
+
+pub(super) async fn get(store: &PostgresStore, digest: &str) -> Result<Option<PluginRecord>> {
+    let row = sqlx::query("SELECT * FROM plugins WHERE digest = $1")
+        .bind(digest)
+        .fetch_optional(&store.pool)
+        .await?;
+    row.map(|row| {
+        Ok(PluginRecord {
+            summary: rows::plugin_summary(&row)?,
+            component: row.try_get("component")?,
+        })
+    })
+    .transpose()
+}
+
+pub(super) async fn list(store: &PostgresStore) -> Result<Vec<PluginSummary>> {
+    let rows = sqlx::query(
+        "SELECT digest, name, version, manifest, size, registered_at, yanked
+         FROM plugins ORDER BY name, registered_at",
+    )
+    .fetch_all(&store.pool)
+    .await?;
+    rows.iter().map(rows::plugin_summary).collect()
+}

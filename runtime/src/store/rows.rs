@@ -1,0 +1,207 @@
+//! Row mapping shared by every backend: each backend says how to read a
+//! column of its row type ([`RowExt`]); the mappers from columns to the
+//! store's row types are written once, here.
+
+use std::collections::BTreeMap;
+
+use super::*;
+
+/// Typed column access. Integers are 64-bit and flags are stored as
+/// integers in both schemas.
+pub(crate) trait RowExt {
+    fn text(&self, column: &str) -> Result<String>;
+    fn opt_text(&self, column: &str) -> Result<Option<String>>;
+    fn int(&self, column: &str) -> Result<i64>;
+    fn opt_int(&self, column: &str) -> Result<Option<i64>>;
+}
+
+macro_rules! impl_row_ext {
+    ($row:ty) => {
+        impl $crate::store::rows::RowExt for $row {
+            fn text(&self, column: &str) -> $crate::store::Result<String> {
+                Ok(sqlx::Row::try_get(self, column)?)
+            }
+            fn opt_text(&self, column: &str) -> $crate::store::Result<Option<String>> {
+                Ok(sqlx::Row::try_get(self, column)?)
+            }
+            fn int(&self, column: &str) -> $crate::store::Result<i64> {
+                Ok(sqlx::Row::try_get(self, column)?)
+            }
+            fn opt_int(&self, column: &str) -> $crate::store::Result<Option<i64>> {
+                Ok(sqlx::Row::try_get(self, column)?)
+            }
+        }
+    };
+}
+pub(crate) use impl_row_ext;
+
+fn corrupt(table: &'static str, detail: impl ToString) -> StoreError {
+    StoreError::Corrupt {
+        table,
+        detail: detail.to_string(),
+    }
+}
+
+pub(crate) fn json_list(table: &'static str, text: &str) -> Result<Vec<String>> {
+    serde_json::from_str(text).map_err(|e| corrupt(table, e))
+}
+
+fn json_map(table: &'static str, text: Option<String>) -> Result<Option<BTreeMap<String, String>>> {
+    text.map(|t| serde_json::from_str(&t).map_err(|e| corrupt(table, e)))
+        .transpose()
+}
+
+pub(crate) fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_string())
+}
+
+pub(crate) fn run_row(row: &impl RowExt) -> Result<RunRow> {
+    Ok(RunRow {
+        id: row.text("id")?,
+        pipeline: row.text("pipeline")?,
+        state: row.text("state")?,
+        idempotency_key: row.opt_text("idempotency_key")?,
+        created_at: row.int("created_at")?,
+        finished_at: row.opt_int("finished_at")?,
+    })
+}
+
+pub(crate) fn job_row(row: &impl RowExt) -> Result<JobRow> {
+    let state = row.text("state")?;
+    Ok(JobRow {
+        id: row.int("id")?,
+        run_id: row.text("run_id")?,
+        stage: row.text("stage")?,
+        plugin_digest: row.text("plugin_digest")?,
+        state: JobState::parse(&state)
+            .ok_or_else(|| corrupt("jobs", format!("unknown state `{state}`")))?,
+        pending: row.int("pending")?,
+        attempt: row.int("attempt")?,
+        max_attempts: row.int("max_attempts")?,
+        lease_owner: row.opt_text("lease_owner")?,
+        lease_expires_at: row.opt_int("lease_expires_at")?,
+        next_run_at: row.int("next_run_at")?,
+        last_error: row.opt_text("last_error")?,
+        succeeded_seq: row.opt_int("succeeded_seq")?,
+        outputs: json_list("jobs", &row.text("outputs")?)?,
+        emits: json_list("jobs", &row.text("emits")?)?,
+    })
+}
+
+/// The claim's view of a job row just moved to `running`.
+pub(crate) fn claimed_job(
+    row: &impl RowExt,
+    job_id: i64,
+    lease_expires_at: i64,
+) -> Result<ClaimedJob> {
+    Ok(ClaimedJob {
+        job_id,
+        run_id: row.text("run_id")?,
+        stage: row.text("stage")?,
+        plugin_digest: row.text("plugin_digest")?,
+        attempt: row.int("attempt")?,
+        max_attempts: row.int("max_attempts")?,
+        lease_expires_at,
+        outputs: json_list("jobs", &row.text("outputs")?)?,
+        emits: json_list("jobs", &row.text("emits")?)?,
+    })
+}
+
+pub(crate) fn plugin_summary(row: &impl RowExt) -> Result<PluginSummary> {
+    Ok(PluginSummary {
+        digest: row.text("digest")?,
+        name: row.text("name")?,
+        version: row.text("version")?,
+        manifest: row.text("manifest")?,
+        size: row.int("size")?,
+        registered_at: row.int("registered_at")?,
+        yanked: row.int("yanked")? != 0,
+    })
+}
+
+pub(crate) fn artifact_meta(row: &impl RowExt) -> Result<ArtifactMeta> {
+    Ok(ArtifactMeta {
+        run_id: row.text("run_id")?,
+        stage: row.text("stage")?,
+        output: row.text("output")?,
+        media_type: row.text("media_type")?,
+        digest: row.text("digest")?,
+        size: row.int("size")?,
+        attempt: row.int("attempt")?,
+        plugin_digest: row.opt_text("plugin_digest")?,
+        created_at: row.int("created_at")?,
+    })
+}
+
+pub(crate) fn model_call(row: &impl RowExt) -> Result<ModelCall> {
+    Ok(ModelCall {
+        run_id: row.text("run_id")?,
+        stage: row.text("stage")?,
+        index: row.int("call_index")?,
+        request_digest: row.text("request_digest")?,
+        response: row.text("response")?,
+        attempt: row.int("attempt")?,
+    })
+}
+
+pub(crate) fn attempt_row(row: &impl RowExt) -> Result<AttemptRow> {
+    Ok(AttemptRow {
+        job_id: row.int("job_id")?,
+        attempt: row.int("attempt")?,
+        run_id: row.text("run_id")?,
+        stage: row.text("stage")?,
+        worker: row.text("worker")?,
+        plugin_digest: row.text("plugin_digest")?,
+        claim_seq: row.int("claim_seq")?,
+        claimed_at: row.int("claimed_at")?,
+        finished_at: row.opt_int("finished_at")?,
+        outcome: row.text("outcome")?,
+        error: row.opt_text("error")?,
+        input_digests: json_map("attempts", row.opt_text("input_digests")?)?,
+        proposal_digests: json_map("attempts", row.opt_text("proposal_digests")?)?,
+        canonical_digests: json_map("attempts", row.opt_text("canonical_digests")?)?,
+        proposal_won: row.opt_int("proposal_won")?.map(|w| w != 0),
+    })
+}
+
+pub(crate) fn outbox_row(row: &impl RowExt) -> Result<OutboxRow> {
+    Ok(OutboxRow {
+        id: row.int("id")?,
+        dedup_key: row.text("dedup_key")?,
+        run_id: row.text("run_id")?,
+        stage: row.text("stage")?,
+        event: row.text("event")?,
+        payload: row.text("payload")?,
+        created_at: row.int("created_at")?,
+        published_at: row.opt_int("published_at")?,
+    })
+}
+
+pub(crate) fn edge_row(row: &impl RowExt) -> Result<(String, NewEdge, bool)> {
+    let kind = row.text("kind")?;
+    Ok((
+        row.text("run_id")?,
+        NewEdge {
+            from_stage: row.text("from_stage")?,
+            to_stage: row.text("to_stage")?,
+            kind: match kind.as_str() {
+                "after" => EdgeKind::After,
+                "data" => EdgeKind::Data,
+                other => return Err(corrupt("edges", format!("unknown kind `{other}`"))),
+            },
+        },
+        row.int("satisfied")? != 0,
+    ))
+}
+
+pub(crate) fn input_row(row: &impl RowExt) -> Result<(String, InputBinding)> {
+    Ok((
+        row.text("run_id")?,
+        InputBinding {
+            stage: row.text("stage")?,
+            input: row.text("input")?,
+            from_stage: row.text("from_stage")?,
+            from_output: row.text("from_output")?,
+        },
+    ))
+}

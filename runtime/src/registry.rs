@@ -7,7 +7,8 @@ use crate::clock::Clock;
 use crate::manifest::{ManifestError, Pipeline, PluginManifest, PluginResolver, ResolvedPlugin};
 use crate::plugin::{PluginError, PluginHost};
 use crate::store::{
-    NewJob, PluginPut, PluginPutOutcome, RunSubmit, RunSubmitOutcome, Store, StoreError,
+    JobRepin, JobState, NewJob, PluginPut, PluginPutOutcome, PluginSummary, RepinOutcome,
+    RunSubmit, RunSubmitOutcome, Store, StoreError,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -18,6 +19,9 @@ pub enum RegistryError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Manifest(#[from] ManifestError),
+    /// The request cannot be carried out as asked (exit code 2 in the CLI).
+    #[error("{0}")]
+    Refused(String),
 }
 
 #[derive(Debug, Clone)]
@@ -161,4 +165,152 @@ pub async fn run_submit(
         })
         .await?;
     Ok(outcome)
+}
+
+/// `name` or `name@version` as the CLI takes it.
+pub fn parse_plugin_spec(spec: &str) -> Result<(String, Option<semver::Version>), RegistryError> {
+    let (name, version) = match spec.split_once('@') {
+        Some((name, version)) => {
+            let version = semver::Version::parse(version).map_err(|e| {
+                RegistryError::Refused(format!(
+                    "`{spec}`: `{version}` is not a version ({e}); write NAME@1.2.3"
+                ))
+            })?;
+            (name, Some(version))
+        }
+        None => (spec, None),
+    };
+    Ok((name.to_string(), version))
+}
+
+/// Registered versions of `name` (one, when `version` is given), oldest first.
+pub async fn plugin_versions(
+    store: &dyn Store,
+    name: &str,
+    version: Option<&semver::Version>,
+) -> Result<Vec<PluginSummary>, RegistryError> {
+    let found: Vec<PluginSummary> = store
+        .plugin_list()
+        .await?
+        .into_iter()
+        .filter(|p| p.name == name && version.is_none_or(|v| p.version == v.to_string()))
+        .collect();
+    if found.is_empty() {
+        let what = version.map_or(name.to_string(), |v| format!("{name}@{v}"));
+        return Err(RegistryError::Refused(format!(
+            "plugin `{what}` is not registered (see `ratchet plugin list`)"
+        )));
+    }
+    Ok(found)
+}
+
+/// Pins a not-yet-started stage of a running run to another registered
+/// version of its plugin, when that version consumes and produces exactly
+/// the same artifacts. Returns the new digest.
+pub async fn stage_upgrade(
+    store: &dyn Store,
+    run_id: &str,
+    stage: &str,
+    to: &semver::Version,
+    clock: &dyn Clock,
+) -> Result<String, RegistryError> {
+    let refused = |m: String| Err(RegistryError::Refused(m));
+    let jobs = store.job_list(run_id).await?;
+    if jobs.is_empty() {
+        return refused(format!(
+            "run `{run_id}` does not exist (list runs with `ratchet status`)"
+        ));
+    }
+    let Some(job) = jobs.iter().find(|j| j.stage == stage) else {
+        let stages: Vec<&str> = jobs.iter().map(|j| j.stage.as_str()).collect();
+        return refused(format!(
+            "run `{run_id}` has no stage `{stage}` (stages: {})",
+            stages.join(", ")
+        ));
+    };
+    // The store checks run and job state again, atomically, when repinning;
+    // checking here first gives the most precise refusal.
+    let run = store.run_get(run_id).await?;
+    if let Some(run) = run.filter(|r| r.state != "running") {
+        return refused(format!(
+            "run `{run_id}` is {}; only running runs can be upgraded",
+            run.state
+        ));
+    }
+    if !matches!(job.state, JobState::Blocked | JobState::Ready) {
+        return refused(format!(
+            "stage `{stage}` is {}; only a stage that has not started (blocked or ready) can be upgraded",
+            job.state.as_str()
+        ));
+    }
+    if store
+        .model_call_list(run_id)
+        .await?
+        .iter()
+        .any(|c| c.stage == stage)
+    {
+        return refused(format!(
+            "stage `{stage}` already journaled model answers under its pinned version; a new version would be replayed answers to other questions"
+        ));
+    }
+    let current = store.plugin_get(&job.plugin_digest).await?.ok_or_else(|| {
+        RegistryError::Refused(format!("stage `{stage}` is pinned to an unknown plugin"))
+    })?;
+    let from = PluginManifest::parse("pinned manifest", &current.summary.manifest)?;
+    let target = plugin_versions(store, &from.name, Some(to))
+        .await?
+        .remove(0);
+    if target.yanked {
+        return refused(format!(
+            "{}@{to} is yanked; register a new version instead",
+            from.name
+        ));
+    }
+    let to_manifest = PluginManifest::parse("target manifest", &target.manifest)?;
+    let same = |a: &[String], b: &[String]| {
+        let (mut a, mut b) = (a.to_vec(), b.to_vec());
+        a.sort();
+        b.sort();
+        a == b
+    };
+    if !same(&from.inputs, &to_manifest.inputs) || !same(&from.outputs, &to_manifest.outputs) {
+        return refused(format!(
+            "{}@{to} is not compatible with {}@{}: inputs [{}] -> [{}], outputs [{}] -> [{}]; both must stay the same",
+            from.name,
+            from.name,
+            from.version,
+            from.inputs.join(", "),
+            to_manifest.inputs.join(", "),
+            from.outputs.join(", "),
+            to_manifest.outputs.join(", ")
+        ));
+    }
+    let outcome = store
+        .job_repin(JobRepin {
+            run_id: run_id.to_string(),
+            stage: stage.to_string(),
+            from_digest: job.plugin_digest.clone(),
+            to_digest: target.digest.clone(),
+            emits: to_manifest.emits.clone(),
+            detail: format!(
+                "stage `{stage}` upgraded from {}@{} ({}) to {}@{to} ({})",
+                from.name, from.version, job.plugin_digest, from.name, target.digest
+            ),
+            now: clock.now_ms(),
+        })
+        .await?;
+    match outcome {
+        RepinOutcome::Repinned => Ok(target.digest),
+        RepinOutcome::NotFound => refused(format!("run `{run_id}` has no stage `{stage}`")),
+        RepinOutcome::RunFinished(state) => refused(format!(
+            "run `{run_id}` is {state}; only running runs can be upgraded"
+        )),
+        RepinOutcome::JobNotWaiting(state) => refused(format!(
+            "stage `{stage}` is {}; only a stage that has not started (blocked or ready) can be upgraded",
+            state.as_str()
+        )),
+        RepinOutcome::PinMoved(_) => {
+            refused(format!("stage `{stage}` was repinned meanwhile; try again"))
+        }
+    }
 }

@@ -29,6 +29,28 @@ pub async fn plugin_list(env: &Env) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+pub async fn plugin_show(env: &Env, spec: &str) -> Result<ExitCode> {
+    let (name, version) = crate::registry::parse_plugin_spec(spec)?;
+    for p in crate::registry::plugin_versions(env.store.as_ref(), &name, version.as_ref()).await? {
+        let runs = env.store.plugin_usage(&p.digest).await?;
+        println!(
+            "{}@{}{}",
+            p.name,
+            p.version,
+            if p.yanked { "  (yanked)" } else { "" }
+        );
+        println!("  digest:        {}", p.digest);
+        println!("  size:          {} bytes", p.size);
+        println!("  registered at: {} ms since the epoch", p.registered_at);
+        println!("  runs using it: {runs}");
+        println!("  manifest:");
+        for line in p.manifest.lines() {
+            println!("    {line}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn short(digest: &str) -> &str {
     &digest[..digest.len().min(12)]
 }
@@ -87,10 +109,9 @@ pub async fn status(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode
                 })
             })
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "run": run, "stages": stages }))?
-        );
+        let history = env.store.run_events(run_id).await?;
+        let doc = serde_json::json!({ "run": run, "stages": stages, "history": history });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
     }
     println!("run {} ({}): {}", run.id, run.pipeline, run.state);
@@ -116,6 +137,9 @@ pub async fn status(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode
             println!("{:<14} last error: {e}", "");
         }
     }
+    for event in env.store.run_events(run_id).await? {
+        println!("history: {} ({} ms)", event.detail, event.at);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -132,8 +156,15 @@ pub async fn artifacts(
         .into());
     }
     let Some(which) = which else {
+        let plugins = plugin_names(env).await?;
         for a in env.store.artifact_list(run_id).await? {
-            let by = a.plugin_digest.as_deref().map(short).unwrap_or("-");
+            let by = match a.plugin_digest.as_deref() {
+                Some(d) => plugins
+                    .get(d)
+                    .map(|p| format!("{}@{} {}", p.name, p.version, short(d)))
+                    .unwrap_or_else(|| short(d).to_string()),
+                None => "-".to_string(),
+            };
             println!(
                 "{:<24} {:>8} bytes  {}  attempt {}  plugin {by}",
                 format!("{}.{}", a.stage, a.output),

@@ -101,6 +101,16 @@ pub enum Command {
     },
     /// Repair continuations that slipped (expired leases, edge counts).
     Reconcile,
+    /// Pin a stage of a running run that has not started yet to another
+    /// registered version of its plugin.
+    Upgrade {
+        run: String,
+        #[arg(long)]
+        stage: String,
+        /// The exact version, e.g. 1.2.0.
+        #[arg(long)]
+        to: semver::Version,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -109,6 +119,16 @@ pub enum PluginCommand {
     Add { file: PathBuf },
     /// List registered plugins.
     List,
+    /// Show a plugin's versions: manifest, digest, size, runs using it.
+    Show {
+        /// NAME or NAME@VERSION
+        plugin: String,
+    },
+    /// Stop new runs from resolving NAME@VERSION; pinned runs keep it.
+    Yank {
+        /// NAME@VERSION
+        plugin: String,
+    },
 }
 
 /// An error in what the user gave us (exit code 2).
@@ -192,7 +212,7 @@ fn exit_code(e: &anyhow::Error) -> u8 {
             || c.downcast_ref::<StoreError>().is_some_and(store_input)
             || c.downcast_ref::<PluginError>().is_some_and(plugin_input)
             || match c.downcast_ref::<RegistryError>() {
-                Some(RegistryError::Manifest(_)) => true,
+                Some(RegistryError::Manifest(_) | RegistryError::Refused(_)) => true,
                 Some(RegistryError::Plugin(p)) => plugin_input(p),
                 Some(RegistryError::Store(s)) => store_input(s),
                 None => false,
@@ -292,6 +312,24 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Plugin(PluginCommand::List) => inspect::plugin_list(&env).await,
+        Command::Plugin(PluginCommand::Show { plugin }) => {
+            inspect::plugin_show(&env, &plugin).await
+        }
+        Command::Plugin(PluginCommand::Yank { plugin }) => {
+            let (name, version) = registry::parse_plugin_spec(&plugin)?;
+            let Some(version) = version else {
+                return Err(BadInput(format!(
+                    "name the version to yank: `ratchet plugin yank {name}@VERSION`"
+                ))
+                .into());
+            };
+            registry::plugin_versions(env.store.as_ref(), &name, Some(&version)).await?;
+            env.store.plugin_yank(&name, &version.to_string()).await?;
+            println!(
+                "yanked {name}@{version}: new runs no longer resolve it; runs pinned to it keep it"
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Run {
             pipeline,
             input,
@@ -358,6 +396,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             inspect::artifacts(&env, &run, artifact.as_deref(), raw).await
         }
         Command::Audit { json } => inspect::audit(&env, json).await,
+        Command::Upgrade { run, stage, to } => {
+            let digest =
+                registry::stage_upgrade(env.store.as_ref(), &run, &stage, &to, env.clock.as_ref())
+                    .await?;
+            println!("stage `{stage}` of run {run} now runs version {to} ({digest})");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Reconcile => {
             let report = env.store.reconcile(env.clock.now_ms()).await?;
             println!("{}", serde_json::to_string(&report)?);

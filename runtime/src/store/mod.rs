@@ -85,12 +85,19 @@ pub trait Store: Send + Sync + 'static {
     async fn plugin_put(&self, p: PluginPut) -> Result<PluginPutOutcome>;
     async fn plugin_get(&self, digest: &str) -> Result<Option<PluginRecord>>;
     async fn plugin_list(&self) -> Result<Vec<PluginSummary>>;
+    /// Marks `name@version` yanked: new runs no longer resolve it, runs
+    /// already pinned to it keep it. Returns whether such a version exists.
+    async fn plugin_yank(&self, name: &str, version: &str) -> Result<bool>;
+    /// How many runs pin this digest in at least one stage.
+    async fn plugin_usage(&self, digest: &str) -> Result<i64>;
 
     /// Creates the run, every job, edge and input binding in one transaction;
     /// an idempotency key already used returns the existing run.
     async fn run_submit(&self, r: RunSubmit) -> Result<RunSubmitOutcome>;
     async fn run_get(&self, run_id: &str) -> Result<Option<RunRow>>;
     async fn run_list(&self) -> Result<Vec<RunRow>>;
+    /// A run's recorded history (upgrades), oldest first.
+    async fn run_events(&self, run_id: &str) -> Result<Vec<RunEvent>>;
 
     /// Claims one runnable job: ready and due, or running with an expired
     /// lease and attempts left. The attempt number is the fencing token.
@@ -102,6 +109,9 @@ pub trait Store: Send + Sync + 'static {
     /// retryable or out of attempts (the run fails, pending jobs cancelled).
     async fn job_fail(&self, f: JobFail) -> Result<FailOutcome>;
     async fn job_list(&self, run_id: &str) -> Result<Vec<JobRow>>;
+    /// Pins a waiting (`blocked` or `ready`) job of a running run to another
+    /// plugin digest and records it in the run's history, in one transaction.
+    async fn job_repin(&self, r: JobRepin) -> Result<RepinOutcome>;
     /// Counts of jobs per state over all runs, and the earliest future time
     /// at which something becomes claimable.
     async fn job_summary(&self, now: i64) -> Result<JobSummary>;

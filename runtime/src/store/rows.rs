@@ -205,3 +205,30 @@ pub(crate) fn input_row(row: &impl RowExt) -> Result<(String, InputBinding)> {
         },
     ))
 }
+
+pub(crate) fn run_event(row: &impl RowExt) -> Result<RunEvent> {
+    Ok(RunEvent {
+        run_id: row.text("run_id")?,
+        stage: row.opt_text("stage")?,
+        kind: row.text("kind")?,
+        detail: row.text("detail")?,
+        at: row.int("at")?,
+    })
+}
+
+/// Why a repin must not happen, from the rows both backends read the same way.
+pub(crate) fn repin_refusal(
+    run_state: &str,
+    job_state: &str,
+    pinned: &str,
+    r: &JobRepin,
+) -> Option<RepinOutcome> {
+    if run_state != "running" {
+        return Some(RepinOutcome::RunFinished(run_state.to_string()));
+    }
+    let state = JobState::parse(job_state)?;
+    if !matches!(state, JobState::Blocked | JobState::Ready) {
+        return Some(RepinOutcome::JobNotWaiting(state));
+    }
+    (pinned != r.from_digest).then(|| RepinOutcome::PinMoved(pinned.to_string()))
+}

@@ -395,3 +395,39 @@ pub struct AuditFacts {
     pub attempts: Vec<AttemptRow>,
     pub outbox: Vec<OutboxRow>,
 }
+
+#[derive(Debug, Clone)]
+pub struct JobRepin {
+    pub run_id: String,
+    pub stage: String,
+    /// The digest the caller checked compatibility against; the repin is
+    /// refused if the job is pinned to something else by now.
+    pub from_digest: String,
+    pub to_digest: String,
+    pub emits: Vec<String>,
+    /// Recorded in the run's history.
+    pub detail: String,
+    pub now: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RepinOutcome {
+    Repinned,
+    /// The run or stage does not exist.
+    NotFound,
+    /// The run is no longer running.
+    RunFinished(String),
+    /// The job is not waiting (`running`, `succeeded`, `dead`, ...).
+    JobNotWaiting(JobState),
+    /// The job was pinned to another digest than `from_digest`.
+    PinMoved(String),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunEvent {
+    pub run_id: String,
+    pub stage: Option<String>,
+    pub kind: String,
+    pub detail: String,
+    pub at: i64,
+}

@@ -17,7 +17,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::Notify;
 
-use super::rows::{self, impl_row_ext, to_json};
+use super::rows::{self, impl_row_ext, repin_refusal, to_json};
 use super::*;
 
 impl_row_ext!(sqlx::postgres::PgRow);
@@ -78,6 +78,18 @@ impl Store for PostgresStore {
     }
     async fn plugin_list(&self) -> Result<Vec<PluginSummary>> {
         plugins::list(self).await
+    }
+    async fn plugin_yank(&self, name: &str, version: &str) -> Result<bool> {
+        plugins::yank(self, name, version).await
+    }
+    async fn plugin_usage(&self, digest: &str) -> Result<i64> {
+        plugins::usage(self, digest).await
+    }
+    async fn run_events(&self, run_id: &str) -> Result<Vec<RunEvent>> {
+        runs::events(self, run_id).await
+    }
+    async fn job_repin(&self, r: JobRepin) -> Result<RepinOutcome> {
+        runs::repin(self, r).await
     }
     async fn run_submit(&self, r: RunSubmit) -> Result<RunSubmitOutcome> {
         runs::submit(self, r).await

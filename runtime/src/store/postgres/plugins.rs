@@ -64,3 +64,22 @@ pub(super) async fn list(store: &PostgresStore) -> Result<Vec<PluginSummary>> {
     .await?;
     rows.iter().map(rows::plugin_summary).collect()
 }
+
+pub(super) async fn yank(store: &PostgresStore, name: &str, version: &str) -> Result<bool> {
+    let n = sqlx::query("UPDATE plugins SET yanked = 1 WHERE name = $1 AND version = $2")
+        .bind(name)
+        .bind(version)
+        .execute(&store.pool)
+        .await?
+        .rows_affected();
+    Ok(n == 1)
+}
+
+pub(super) async fn usage(store: &PostgresStore, digest: &str) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT COUNT(DISTINCT run_id) FROM jobs WHERE plugin_digest = $1")
+            .bind(digest)
+            .fetch_one(&store.pool)
+            .await?,
+    )
+}

@@ -71,3 +71,24 @@ pub(super) async fn list(store: &SqliteStore) -> Result<Vec<PluginSummary>> {
     .await?;
     rows.iter().map(rows::plugin_summary).collect()
 }
+
+pub(super) async fn yank(store: &SqliteStore, name: &str, version: &str) -> Result<bool> {
+    let mut tx = store.begin_write().await?;
+    let n = sqlx::query("UPDATE plugins SET yanked = 1 WHERE name = ? AND version = ?")
+        .bind(name)
+        .bind(version)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    tx.commit().await?;
+    Ok(n == 1)
+}
+
+pub(super) async fn usage(store: &SqliteStore, digest: &str) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT COUNT(DISTINCT run_id) FROM jobs WHERE plugin_digest = ?")
+            .bind(digest)
+            .fetch_one(&store.pool)
+            .await?,
+    )
+}

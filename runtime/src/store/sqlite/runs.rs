@@ -98,3 +98,54 @@ pub(super) async fn list(store: &SqliteStore) -> Result<Vec<RunRow>> {
         .await?;
     rows.iter().map(rows::run_row).collect()
 }
+
+pub(super) async fn events(store: &SqliteStore, run_id: &str) -> Result<Vec<RunEvent>> {
+    let rows = sqlx::query("SELECT * FROM run_events WHERE run_id = ? ORDER BY id")
+        .bind(run_id)
+        .fetch_all(&store.pool)
+        .await?;
+    rows.iter().map(rows::run_event).collect()
+}
+
+pub(super) async fn repin(store: &SqliteStore, r: JobRepin) -> Result<RepinOutcome> {
+    let mut tx = store.begin_write().await?;
+    let run_state: Option<String> = sqlx::query_scalar("SELECT state FROM runs WHERE id = ?")
+        .bind(&r.run_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let job = sqlx::query("SELECT state, plugin_digest FROM jobs WHERE run_id = ? AND stage = ?")
+        .bind(&r.run_id)
+        .bind(&r.stage)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let (Some(run_state), Some(job)) = (run_state, job) else {
+        return Ok(RepinOutcome::NotFound);
+    };
+    if let Some(refused) = repin_refusal(
+        &run_state,
+        &rows::RowExt::text(&job, "state")?,
+        &rows::RowExt::text(&job, "plugin_digest")?,
+        &r,
+    ) {
+        return Ok(refused);
+    }
+    sqlx::query("UPDATE jobs SET plugin_digest = ?, emits = ?, updated_at = ? WHERE run_id = ? AND stage = ?")
+        .bind(&r.to_digest)
+        .bind(to_json(&r.emits))
+        .bind(r.now)
+        .bind(&r.run_id)
+        .bind(&r.stage)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO run_events (run_id, stage, kind, detail, at) VALUES (?, ?, 'upgrade', ?, ?)",
+    )
+    .bind(&r.run_id)
+    .bind(&r.stage)
+    .bind(&r.detail)
+    .bind(r.now)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(RepinOutcome::Repinned)
+}

@@ -65,6 +65,101 @@ impl StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// Implements `Store` for a backend: each method forwards to the function
+/// of the same concern in the backend's own modules
+/// (`plugins`, `runs`, `jobs`, `artifacts`, `audit`), which own the SQL;
+/// extra trait items (like `listen_ready`) are added as given.
+macro_rules! impl_store {
+    ($store:ty { $($extra:item)* }) => {
+        #[async_trait::async_trait]
+        impl Store for $store {
+            async fn plugin_put(&self, p: PluginPut) -> Result<PluginPutOutcome> {
+                plugins::put(self, p).await
+            }
+            async fn plugin_get(&self, digest: &str) -> Result<Option<PluginRecord>> {
+                plugins::get(self, digest).await
+            }
+            async fn plugin_list(&self) -> Result<Vec<PluginSummary>> {
+                plugins::list(self).await
+            }
+            async fn plugin_yank(&self, name: &str, version: &str) -> Result<bool> {
+                plugins::yank(self, name, version).await
+            }
+            async fn plugin_usage(&self, digest: &str) -> Result<i64> {
+                plugins::usage(self, digest).await
+            }
+            async fn run_submit(&self, r: RunSubmit) -> Result<RunSubmitOutcome> {
+                runs::submit(self, r).await
+            }
+            async fn run_get(&self, run_id: &str) -> Result<Option<RunRow>> {
+                runs::get(self, run_id).await
+            }
+            async fn run_list(&self) -> Result<Vec<RunRow>> {
+                runs::list(self).await
+            }
+            async fn run_events(&self, run_id: &str) -> Result<Vec<RunEvent>> {
+                runs::events(self, run_id).await
+            }
+            async fn job_repin(&self, r: JobRepin) -> Result<RepinOutcome> {
+                runs::repin(self, r).await
+            }
+            async fn job_claim(&self, c: JobClaim) -> Result<Option<ClaimedJob>> {
+                jobs::claim(self, c).await
+            }
+            async fn job_complete(&self, c: JobComplete) -> Result<CompleteOutcome> {
+                jobs::complete(self, c).await
+            }
+            async fn job_fail(&self, f: JobFail) -> Result<FailOutcome> {
+                jobs::fail(self, f).await
+            }
+            async fn job_list(&self, run_id: &str) -> Result<Vec<JobRow>> {
+                jobs::list(&self.pool, Some(run_id)).await
+            }
+            async fn job_summary(&self, now: i64) -> Result<JobSummary> {
+                jobs::summary(self, now).await
+            }
+            async fn job_inputs_load(&self, run_id: &str, stage: &str) -> Result<Vec<LoadedInput>> {
+                artifacts::inputs_load(self, run_id, stage).await
+            }
+            async fn artifact_put_canonical(&self, a: ArtifactPut) -> Result<CanonicalArtifact> {
+                let mut tx = self.begin_write().await?;
+                let canonical = artifacts::put_canonical_tx(&mut tx, &a).await?;
+                tx.commit().await?;
+                Ok(canonical)
+            }
+            async fn artifact_get(&self, run_id: &str, stage: &str, output: &str) -> Result<Option<Artifact>> {
+                artifacts::get(&self.pool, run_id, stage, output).await
+            }
+            async fn artifact_list(&self, run_id: &str) -> Result<Vec<ArtifactMeta>> {
+                artifacts::list(&self.pool, Some(run_id)).await
+            }
+            async fn model_call_put(&self, m: ModelCallPut) -> Result<ModelCall> {
+                artifacts::model_call_put(self, m).await
+            }
+            async fn model_call_get(&self, run_id: &str, stage: &str, index: i64) -> Result<Option<ModelCall>> {
+                artifacts::model_call_get(&self.pool, run_id, stage, index).await
+            }
+            async fn model_call_list(&self, run_id: &str) -> Result<Vec<ModelCall>> {
+                artifacts::model_call_list(&self.pool, run_id).await
+            }
+            async fn attempt_list(&self, run_id: &str) -> Result<Vec<AttemptRow>> {
+                audit::attempts(&self.pool, Some(run_id)).await
+            }
+            async fn outbox_list(&self, run_id: Option<&str>) -> Result<Vec<OutboxRow>> {
+                audit::outbox(&self.pool, run_id).await
+            }
+            async fn reconcile(&self, now: i64) -> Result<ReconcileReport> {
+                jobs::reconcile(self, now).await
+            }
+            async fn audit_facts(&self) -> Result<AuditFacts> {
+                audit::facts(self).await
+            }
+            $($extra)*
+        }
+    };
+}
+pub(crate) use impl_store;
+
 /// Opens the store a URL names and applies pending migrations.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
     if url.starts_with("sqlite:") {

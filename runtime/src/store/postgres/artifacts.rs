@@ -113,7 +113,7 @@ pub(super) async fn inputs_load(
 }
 
 pub(super) async fn model_call_put(store: &PostgresStore, m: ModelCallPut) -> Result<ModelCall> {
-    let mut tx = store.begin().await?;
+    let mut tx = store.begin_write().await?;
     sqlx::query(
         "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, attempt, created_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7)

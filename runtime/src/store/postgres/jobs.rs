@@ -23,7 +23,7 @@ pub(super) async fn list<'e>(
 }
 
 pub(super) async fn claim(store: &PostgresStore, c: JobClaim) -> Result<Option<ClaimedJob>> {
-    let mut tx = store.begin().await?;
+    let mut tx = store.begin_write().await?;
     let candidate = sqlx::query(
         "SELECT id, state, attempt FROM jobs
          WHERE ((state = 'ready' AND next_run_at <= $1)
@@ -103,7 +103,7 @@ async fn fence(tx: &mut Tx, job_id: i64, attempt: i64, worker: &str) -> Result<O
 }
 
 pub(super) async fn complete(store: &PostgresStore, c: JobComplete) -> Result<CompleteOutcome> {
-    let mut tx = store.begin().await?;
+    let mut tx = store.begin_write().await?;
     let Some(job) = fence(&mut tx, c.job_id, c.attempt, &c.worker).await? else {
         return Ok(CompleteOutcome::LeaseLost);
     };
@@ -301,7 +301,7 @@ async fn kill_job(tx: &mut Tx, job_id: i64, run_id: &str, error: &str, now: i64)
 }
 
 pub(super) async fn fail(store: &PostgresStore, f: JobFail) -> Result<FailOutcome> {
-    let mut tx = store.begin().await?;
+    let mut tx = store.begin_write().await?;
     let Some(job) = fence(&mut tx, f.job_id, f.attempt, &f.worker).await? else {
         return Ok(FailOutcome::LeaseLost);
     };
@@ -366,7 +366,7 @@ pub(super) async fn summary(store: &PostgresStore, now: i64) -> Result<JobSummar
 }
 
 pub(super) async fn reconcile(store: &PostgresStore, now: i64) -> Result<ReconcileReport> {
-    let mut tx = store.begin().await?;
+    let mut tx = store.begin_write().await?;
     let mut report = ReconcileReport::default();
     let exhausted = sqlx::query(
         "SELECT id, run_id, attempt FROM jobs

@@ -12,7 +12,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::Notify;
@@ -49,7 +48,7 @@ impl PostgresStore {
         Ok(Self { pool })
     }
 
-    async fn begin(&self) -> Result<Tx> {
+    async fn begin_write(&self) -> Result<Tx> {
         Ok(self.pool.begin().await?)
     }
 }
@@ -68,100 +67,7 @@ async fn notify_ready(tx: &mut Tx) -> Result<()> {
     Ok(())
 }
 
-#[async_trait]
-impl Store for PostgresStore {
-    async fn plugin_put(&self, p: PluginPut) -> Result<PluginPutOutcome> {
-        plugins::put(self, p).await
-    }
-    async fn plugin_get(&self, digest: &str) -> Result<Option<PluginRecord>> {
-        plugins::get(self, digest).await
-    }
-    async fn plugin_list(&self) -> Result<Vec<PluginSummary>> {
-        plugins::list(self).await
-    }
-    async fn plugin_yank(&self, name: &str, version: &str) -> Result<bool> {
-        plugins::yank(self, name, version).await
-    }
-    async fn plugin_usage(&self, digest: &str) -> Result<i64> {
-        plugins::usage(self, digest).await
-    }
-    async fn run_events(&self, run_id: &str) -> Result<Vec<RunEvent>> {
-        runs::events(self, run_id).await
-    }
-    async fn job_repin(&self, r: JobRepin) -> Result<RepinOutcome> {
-        runs::repin(self, r).await
-    }
-    async fn run_submit(&self, r: RunSubmit) -> Result<RunSubmitOutcome> {
-        runs::submit(self, r).await
-    }
-    async fn run_get(&self, run_id: &str) -> Result<Option<RunRow>> {
-        runs::get(self, run_id).await
-    }
-    async fn run_list(&self) -> Result<Vec<RunRow>> {
-        runs::list(self).await
-    }
-    async fn job_claim(&self, c: JobClaim) -> Result<Option<ClaimedJob>> {
-        jobs::claim(self, c).await
-    }
-    async fn job_complete(&self, c: JobComplete) -> Result<CompleteOutcome> {
-        jobs::complete(self, c).await
-    }
-    async fn job_fail(&self, f: JobFail) -> Result<FailOutcome> {
-        jobs::fail(self, f).await
-    }
-    async fn job_list(&self, run_id: &str) -> Result<Vec<JobRow>> {
-        jobs::list(&self.pool, Some(run_id)).await
-    }
-    async fn job_summary(&self, now: i64) -> Result<JobSummary> {
-        jobs::summary(self, now).await
-    }
-    async fn job_inputs_load(&self, run_id: &str, stage: &str) -> Result<Vec<LoadedInput>> {
-        artifacts::inputs_load(self, run_id, stage).await
-    }
-    async fn artifact_put_canonical(&self, a: ArtifactPut) -> Result<CanonicalArtifact> {
-        let mut tx = self.begin().await?;
-        let canonical = artifacts::put_canonical_tx(&mut tx, &a).await?;
-        tx.commit().await?;
-        Ok(canonical)
-    }
-    async fn artifact_get(
-        &self,
-        run_id: &str,
-        stage: &str,
-        output: &str,
-    ) -> Result<Option<Artifact>> {
-        artifacts::get(&self.pool, run_id, stage, output).await
-    }
-    async fn artifact_list(&self, run_id: &str) -> Result<Vec<ArtifactMeta>> {
-        artifacts::list(&self.pool, Some(run_id)).await
-    }
-    async fn model_call_put(&self, m: ModelCallPut) -> Result<ModelCall> {
-        artifacts::model_call_put(self, m).await
-    }
-    async fn model_call_get(
-        &self,
-        run_id: &str,
-        stage: &str,
-        index: i64,
-    ) -> Result<Option<ModelCall>> {
-        artifacts::model_call_get(&self.pool, run_id, stage, index).await
-    }
-    async fn model_call_list(&self, run_id: &str) -> Result<Vec<ModelCall>> {
-        artifacts::model_call_list(&self.pool, run_id).await
-    }
-    async fn attempt_list(&self, run_id: &str) -> Result<Vec<AttemptRow>> {
-        audit::attempts(&self.pool, Some(run_id)).await
-    }
-    async fn outbox_list(&self, run_id: Option<&str>) -> Result<Vec<OutboxRow>> {
-        audit::outbox(&self.pool, run_id).await
-    }
-    async fn reconcile(&self, now: i64) -> Result<ReconcileReport> {
-        jobs::reconcile(self, now).await
-    }
-    async fn audit_facts(&self) -> Result<AuditFacts> {
-        audit::facts(self).await
-    }
-
+super::impl_store!(PostgresStore {
     fn listen_ready(&self, wake: Arc<Notify>) {
         let pool = self.pool.clone();
         tokio::spawn(async move {
@@ -185,4 +91,4 @@ impl Store for PostgresStore {
             }
         });
     }
-}
+});

@@ -5,7 +5,7 @@ use sqlx::Row;
 use super::*;
 
 pub(super) async fn put(store: &PostgresStore, p: PluginPut) -> Result<PluginPutOutcome> {
-    let mut tx = store.begin().await?;
+    let mut tx = store.begin_write().await?;
     let inserted = sqlx::query(
         "INSERT INTO plugins (digest, name, version, manifest, component, size, registered_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",

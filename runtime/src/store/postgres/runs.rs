@@ -3,7 +3,7 @@
 use super::*;
 
 pub(super) async fn submit(store: &PostgresStore, r: RunSubmit) -> Result<RunSubmitOutcome> {
-    let mut tx = store.begin().await?;
+    let mut tx = store.begin_write().await?;
     let inserted = sqlx::query(
         "INSERT INTO runs (id, pipeline, state, idempotency_key, created_at)
          VALUES ($1, $2, 'running', $3, $4) ON CONFLICT (idempotency_key) DO NOTHING",
@@ -107,7 +107,7 @@ pub(super) async fn events(store: &PostgresStore, run_id: &str) -> Result<Vec<Ru
 }
 
 pub(super) async fn repin(store: &PostgresStore, r: JobRepin) -> Result<RepinOutcome> {
-    let mut tx = store.begin().await?;
+    let mut tx = store.begin_write().await?;
     let run_state: Option<String> =
         sqlx::query_scalar("SELECT state FROM runs WHERE id = $1 FOR NO KEY UPDATE")
             .bind(&r.run_id)

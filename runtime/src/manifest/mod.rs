@@ -83,6 +83,8 @@ pub struct Limits {
     pub timeout_ms: Option<u64>,
     pub memory_mb: Option<u64>,
     pub max_output_bytes: Option<u64>,
+    /// Calls into the host (log, model) per attempt.
+    pub max_host_calls: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

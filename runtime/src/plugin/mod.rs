@@ -24,7 +24,7 @@ pub use host::HostFailure;
 wasmtime::component::bindgen!({
     world: "stage",
     path: "../plugin-sdk/wit",
-    imports: { default: async },
+    imports: { default: async | trappable },
     exports: { default: async },
 });
 
@@ -34,6 +34,7 @@ use ratchet::stage::types::Artifact as WitArtifact;
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_MEMORY_MB: u64 = 256;
 pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
+pub const DEFAULT_MAX_HOST_CALLS: u64 = 100_000;
 const EPOCH_TICK: Duration = Duration::from_millis(5);
 
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +66,8 @@ pub enum ExecError {
     Trap(String),
     #[error("stage exceeded its {0} ms deadline")]
     Timeout(u64),
+    #[error("stage exceeded its memory limit of {0} MiB")]
+    OutOfMemory(u64),
     #[error("stage broke its output contract: {0}")]
     Contract(String),
     #[error("{0}")]
@@ -75,7 +78,7 @@ impl ExecError {
     pub fn is_retryable(&self) -> bool {
         match self {
             ExecError::Retryable(_) | ExecError::Trap(_) | ExecError::Timeout(_) => true,
-            ExecError::Fatal(_) | ExecError::Contract(_) => false,
+            ExecError::Fatal(_) | ExecError::Contract(_) | ExecError::OutOfMemory(_) => false,
             ExecError::Host(h) => h.is_retryable(),
         }
     }
@@ -295,6 +298,7 @@ impl PluginHost {
             self.clock.clone(),
             inv.clone(),
             plugin.manifest.wants(Capability::Model),
+            limits.max_host_calls.unwrap_or(DEFAULT_MAX_HOST_CALLS),
         );
         let timeout = Duration::from_millis(timeout_ms);
         let mut store = self.new_store(store_limits, Some(call), timeout);
@@ -326,7 +330,7 @@ impl PluginHost {
         }
         let result = match outcome {
             Err(_) => Err(ExecError::Timeout(timeout_ms)),
-            Ok(Err(e)) => Err(classify_trap(&e, timeout_ms)),
+            Ok(Err(e)) => Err(classify_trap(&e, timeout_ms, memory >> 20)),
             Ok(Ok(Err(StageError::Retryable(m)))) => Err(ExecError::Retryable(m)),
             Ok(Ok(Err(StageError::Fatal(m)))) => Err(ExecError::Fatal(m)),
             Ok(Ok(Ok(outputs))) => check_outputs(&plugin.manifest, outputs),
@@ -335,9 +339,14 @@ impl PluginHost {
     }
 }
 
-fn classify_trap(e: &wasmtime::Error, timeout_ms: u64) -> ExecError {
+fn classify_trap(e: &wasmtime::Error, timeout_ms: u64, memory_mb: u64) -> ExecError {
     if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
         return ExecError::Timeout(timeout_ms);
+    }
+    // `StoreLimits` with `trap_on_grow_failure` ends a memory bomb with this
+    // error, which is not a `Trap`.
+    if format!("{e:#}").contains("forcing trap when growing memory") {
+        return ExecError::OutOfMemory(memory_mb);
     }
     ExecError::Trap(first_line(e))
 }

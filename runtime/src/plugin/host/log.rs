@@ -7,7 +7,10 @@ use super::super::ratchet::stage::log::{Host, Level};
 const MAX_MESSAGE: usize = 4096;
 
 impl Host for HostState {
-    async fn log(&mut self, level: Level, mut message: String) {
+    async fn log(&mut self, level: Level, mut message: String) -> wasmtime::Result<()> {
+        if let Some(call) = self.call.as_mut() {
+            call.count_call()?;
+        }
         if message.len() > MAX_MESSAGE {
             let mut cut = MAX_MESSAGE;
             while !message.is_char_boundary(cut) {
@@ -27,5 +30,6 @@ impl Host for HostState {
             Level::Warn => tracing::warn!(run, stage, "{message}"),
             Level::Error => tracing::error!(run, stage, "{message}"),
         }
+        Ok(())
     }
 }

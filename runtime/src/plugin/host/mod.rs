@@ -29,11 +29,16 @@ pub enum HostFailure {
     Journal(String),
     #[error("the model backend failed: {0}")]
     Model(String),
+    #[error("the stage made more than {0} host calls (raise limits.max_host_calls)")]
+    TooManyHostCalls(u64),
 }
 
 impl HostFailure {
     pub fn is_retryable(&self) -> bool {
-        !matches!(self, HostFailure::NonDeterminism { .. })
+        !matches!(
+            self,
+            HostFailure::NonDeterminism { .. } | HostFailure::TooManyHostCalls(_)
+        )
     }
 }
 
@@ -45,6 +50,8 @@ pub(crate) struct CallContext {
     inv: Invocation,
     model_granted: bool,
     next_model_call: i64,
+    host_calls: u64,
+    max_host_calls: u64,
     replayed: u32,
     fresh: u32,
     pub failure: Option<HostFailure>,
@@ -57,6 +64,7 @@ impl CallContext {
         clock: Arc<dyn Clock>,
         inv: Invocation,
         model_granted: bool,
+        max_host_calls: u64,
     ) -> Self {
         Self {
             store,
@@ -65,6 +73,8 @@ impl CallContext {
             inv,
             model_granted,
             next_model_call: 0,
+            host_calls: 0,
+            max_host_calls,
             replayed: 0,
             fresh: 0,
             failure: None,
@@ -80,6 +90,20 @@ impl CallContext {
 
     fn fail(&mut self, failure: HostFailure) {
         self.failure.get_or_insert(failure);
+    }
+
+    /// Counts one host call; past the limit the attempt fails and the guest
+    /// traps at once, so a flood costs at most `max_host_calls` calls.
+    fn count_call(&mut self) -> wasmtime::Result<()> {
+        self.host_calls += 1;
+        if self.host_calls > self.max_host_calls {
+            self.fail(HostFailure::TooManyHostCalls(self.max_host_calls));
+            return Err(wasmtime::format_err!(
+                "host call limit of {} exceeded",
+                self.max_host_calls
+            ));
+        }
+        Ok(())
     }
 }
 

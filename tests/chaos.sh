@@ -6,7 +6,8 @@
 #   tests/chaos.sh [DB_URL] [WORKERS] [RUNS] [KILLS]
 #   tests/chaos.sh postgres://postgres@127.0.0.1:5432/test 6 2000 500
 #
-# Needs a built `ratchet` (cargo build --release) and `jq`-free bash only.
+# Needs a built `ratchet` (cargo build --release) and bash; a run with
+# `2 20 10` on SQLite took 8 s here.
 set -euo pipefail
 DB=${1:-sqlite:///tmp/ratchet-chaos.db}
 WORKERS=${2:-4}

@@ -207,18 +207,18 @@ impl Scheduler {
     pub async fn finish(
         &self,
         job: &ClaimedJob,
-        execution: Execution,
+        execution: &Execution,
     ) -> Result<AttemptOutcome, StoreError> {
         let now = self.clock.now_ms();
-        let outcome = match execution.result {
+        let outcome = match &execution.result {
             Ok(outputs) => {
                 let outputs = outputs
-                    .into_iter()
+                    .iter()
                     .map(|p| ProposedArtifact {
                         digest: sha256_hex(&p.bytes),
-                        name: p.name,
-                        media_type: p.media_type,
-                        bytes: p.bytes,
+                        name: p.name.clone(),
+                        media_type: p.media_type.clone(),
+                        bytes: p.bytes.clone(),
                     })
                     .collect();
                 let complete = JobComplete {
@@ -226,7 +226,7 @@ impl Scheduler {
                     attempt: job.attempt,
                     worker: self.config.worker_id.clone(),
                     outputs,
-                    input_digests: execution.input_digests,
+                    input_digests: execution.input_digests.clone(),
                     now,
                 };
                 match self.store.job_complete(complete).await? {
@@ -246,7 +246,7 @@ impl Scheduler {
                     error: error.to_string(),
                     retryable: error.is_retryable(),
                     retry_at,
-                    input_digests: execution.input_digests,
+                    input_digests: execution.input_digests.clone(),
                     now,
                 };
                 match self.store.job_fail(fail).await? {
@@ -270,10 +270,9 @@ impl Scheduler {
     /// either committed whole or not at all.
     pub async fn run_claimed(&self, job: ClaimedJob) -> Result<Finished, StoreError> {
         let execution = self.execute(&job).await?;
-        let report = execution.report.clone();
         let mut tries = 0u32;
         let outcome = loop {
-            match self.finish(&job, execution.clone()).await {
+            match self.finish(&job, &execution).await {
                 Err(e) if e.is_transient() && tries < FINISH_RETRIES => {
                     tries += 1;
                     tracing::warn!(run = %job.run_id, stage = %job.stage, "finishing the attempt failed, retrying: {e}");
@@ -286,7 +285,7 @@ impl Scheduler {
         Ok(Finished {
             job,
             outcome,
-            report,
+            report: execution.report,
         })
     }
 

@@ -187,6 +187,16 @@ impl Harness {
             .expect("worker ran");
     }
 
+    /// `running`, `succeeded` or `failed`.
+    pub async fn run_state(&self, run: &str) -> String {
+        self.store
+            .run_get(run)
+            .await
+            .expect("read run")
+            .expect("run exists")
+            .state
+    }
+
     pub async fn audit(&self) -> AuditReport {
         audit(&self.store.audit_facts().await.expect("audit facts"))
     }
@@ -280,6 +290,14 @@ macro_rules! backend_tests {
             }
         }
     )*};
+}
+
+/// A pipeline of one stage, `stage`, running `plugin` (any 1.x version),
+/// with `header` lines (e.g. `max_attempts = 1`) before it.
+pub fn one_stage_pipeline(stage: &str, plugin: &str, header: &str) -> String {
+    format!(
+        "name = \"{stage}\"\n{header}\n[[stage]]\nname = \"{stage}\"\nplugin = \"{plugin}@^1\"\n"
+    )
 }
 
 /// A `ratchet` child process on this harness's database.

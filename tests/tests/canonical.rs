@@ -141,7 +141,7 @@ async fn loser_reads_the_winner(backend: Backend) {
         .bytes
         .clone();
     assert_ne!(proposal_b, a, "the model proposed something else (B)");
-    let outcome = sched.finish(&job, execution).await.expect("finish");
+    let outcome = sched.finish(&job, &execution).await.expect("finish");
     let AttemptOutcome::Succeeded { outputs, .. } = outcome else {
         panic!("completion should succeed with the canonical value: {outcome:?}");
     };
@@ -219,7 +219,7 @@ async fn different_question_is_fatal(backend: Backend) {
     h.register(&["nondeterministic-prompt"]).await;
     let run = h
         .submit(
-            "name = \"nd\"\n[[stage]]\nname = \"ask\"\nplugin = \"nondeterministic-prompt@^1\"\n",
+            &ratchet_tests::one_stage_pipeline("ask", "nondeterministic-prompt", ""),
             b"",
         )
         .await;
@@ -253,13 +253,5 @@ async fn different_question_is_fatal(backend: Backend) {
         h.store.model_call_list(&run).await.expect("journal").len(),
         1
     );
-    assert_eq!(
-        h.store
-            .run_get(&run)
-            .await
-            .expect("run")
-            .expect("run")
-            .state,
-        "failed"
-    );
+    assert_eq!(h.run_state(&run).await, "failed");
 }

@@ -56,13 +56,7 @@ async fn crash_then_recover(backend: Backend, point: &str, action: &str, skip: u
             "{failpoint}: the worker should have died: {out:?}"
         );
     }
-    let state = h
-        .store
-        .run_get(&run)
-        .await
-        .expect("run")
-        .expect("exists")
-        .state;
+    let state = h.run_state(&run).await;
     assert_eq!(
         state, "running",
         "{failpoint}: the crash left the run unfinished"

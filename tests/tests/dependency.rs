@@ -91,7 +91,7 @@ async fn adversarial_schedule(backend: Backend) {
             let pick = rng.random_range(0..in_flight.len());
             let claimed = in_flight.swap_remove(pick);
             let execution = sched.execute(&claimed).await.expect("execute");
-            sched.finish(&claimed, execution).await.expect("finish");
+            sched.finish(&claimed, &execution).await.expect("finish");
         }
 
         let jobs = h.store.job_list(&run).await.expect("jobs");

@@ -16,7 +16,7 @@ async fn run_beside_demo(plugin: &str) -> (Harness, String, JobState, Option<Str
     h.register(&[plugin]).await;
     let hostile = h
         .submit(
-            &format!("name = \"hostile\"\nmax_attempts = 1\n[[stage]]\nname = \"hostile\"\nplugin = \"{plugin}@^1\"\n"),
+            &ratchet_tests::one_stage_pipeline("hostile", plugin, "max_attempts = 1"),
             b"",
         )
         .await;
@@ -35,15 +35,7 @@ async fn assert_dead_with(plugin: &str, reason: &str) {
         error.contains(reason),
         "{plugin}: `{reason}` not in `{error}`"
     );
-    assert_eq!(
-        h.store
-            .run_get(&run)
-            .await
-            .expect("run")
-            .expect("run")
-            .state,
-        "failed"
-    );
+    assert_eq!(h.run_state(&run).await, "failed");
     let attempts = h.store.attempt_list(&run).await.expect("attempts");
     assert_eq!(
         attempts[0].error.as_deref(),

@@ -81,15 +81,7 @@ async fn retried_with_growing_delay(backend: Backend) {
         .expect("verify released");
     assert_eq!(job.stage, "verify");
     sched.run_claimed(job).await.expect("run");
-    assert_eq!(
-        h.store
-            .run_get(&run)
-            .await
-            .expect("run")
-            .expect("run")
-            .state,
-        "succeeded"
-    );
+    assert_eq!(h.run_state(&run).await, "succeeded");
     assert!(h.audit().await.is_clean());
 }
 
@@ -124,15 +116,7 @@ inputs = { draft = "doomed.draft" }
     assert_eq!(state("doomed"), JobState::Dead);
     assert_eq!(state("verify"), JobState::Cancelled);
     assert_eq!(state("publish"), JobState::Cancelled);
-    assert_eq!(
-        h.store
-            .run_get(&run)
-            .await
-            .expect("run")
-            .expect("run")
-            .state,
-        "failed"
-    );
+    assert_eq!(h.run_state(&run).await, "failed");
     assert!(
         sched.claim(None).await.expect("claim").is_none(),
         "nothing left to run"
@@ -168,15 +152,7 @@ async fn out_of_attempts_is_dead(backend: Backend) {
         matches!(outcome, AttemptOutcome::Dead { .. }),
         "{outcome:?}"
     );
-    assert_eq!(
-        h.store
-            .run_get(&run)
-            .await
-            .expect("run")
-            .expect("run")
-            .state,
-        "failed"
-    );
+    assert_eq!(h.run_state(&run).await, "failed");
 }
 
 async fn trap_is_a_failed_attempt(backend: Backend) {
@@ -185,10 +161,7 @@ async fn trap_is_a_failed_attempt(backend: Backend) {
     };
     h.register(&["traps"]).await;
     let run = h
-        .submit(
-            "name = \"trap\"\n[[stage]]\nname = \"trap\"\nplugin = \"traps@^1\"\n",
-            b"",
-        )
+        .submit(&ratchet_tests::one_stage_pipeline("trap", "traps", ""), b"")
         .await;
     let sched = h.scheduler("worker", 30_000);
     let job = sched.claim(None).await.expect("claim").expect("due");
@@ -208,13 +181,5 @@ async fn trap_is_a_failed_attempt(backend: Backend) {
         matches!(outcome, AttemptOutcome::Succeeded { .. }),
         "{outcome:?}"
     );
-    assert_eq!(
-        h.store
-            .run_get(&run)
-            .await
-            .expect("run")
-            .expect("run")
-            .state,
-        "succeeded"
-    );
+    assert_eq!(h.run_state(&run).await, "succeeded");
 }

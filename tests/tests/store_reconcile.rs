@@ -47,15 +47,7 @@ async fn last_lease_expired(backend: Backend) {
             .filter(|j| j.stage != "draft")
             .all(|j| j.state == JobState::Cancelled)
     );
-    assert_eq!(
-        h.store
-            .run_get(&run)
-            .await
-            .expect("run")
-            .expect("run")
-            .state,
-        "failed"
-    );
+    assert_eq!(h.run_state(&run).await, "failed");
     let attempts = h.store.attempt_list(&run).await.expect("attempts");
     assert_eq!(attempts[0].outcome, "lease_expired");
     assert!(h.audit().await.is_clean());

@@ -49,7 +49,7 @@ async fn zombie_is_fenced_out(backend: Backend) {
 
     let before = snapshot(&h, &run).await;
     let outcome = zombie
-        .finish(&stale, stale_execution.clone())
+        .finish(&stale, &stale_execution)
         .await
         .expect("finish");
     assert_eq!(outcome, AttemptOutcome::LeaseLost);
@@ -64,7 +64,7 @@ async fn zombie_is_fenced_out(backend: Backend) {
         "late failure".into(),
     ));
     assert_eq!(
-        zombie.finish(&stale, failing).await.expect("fail"),
+        zombie.finish(&stale, &failing).await.expect("fail"),
         AttemptOutcome::LeaseLost
     );
     assert_eq!(
@@ -74,7 +74,7 @@ async fn zombie_is_fenced_out(backend: Backend) {
     );
 
     let execution = rescuer.execute(&fresh).await.expect("execute");
-    let outcome = rescuer.finish(&fresh, execution).await.expect("finish");
+    let outcome = rescuer.finish(&fresh, &execution).await.expect("finish");
     assert!(
         matches!(outcome, AttemptOutcome::Succeeded { .. }),
         "{outcome:?}"

@@ -10,7 +10,6 @@ use serde_json::Value;
 use super::Env;
 use crate::bundled;
 use crate::crash::CRASH_EXIT_CODE;
-use crate::digest::sha256_hex;
 use crate::manifest::Pipeline;
 use crate::registry;
 use crate::worker::{self, WorkerOptions};
@@ -211,7 +210,6 @@ async fn tell_the_story(env: &Env, run_ids: &[String]) -> Result<()> {
                 "NO"
             }
         );
-        let _ = sha256_hex;
         return Ok(());
     }
     println!("(No run shows a replayed model answer; the crash hit before the journal.)\n");

@@ -231,10 +231,7 @@ pub struct Env {
 
 impl Env {
     pub async fn open(db: &str) -> Result<Self> {
-        check_db_url(db)?;
-        let store = store::open(db)
-            .await
-            .with_context(|| format!("cannot open database `{db}`"))?;
+        let store = store::open(db).await.context("cannot open the database")?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let host = Arc::new(PluginHost::new(
             store.clone(),
@@ -259,19 +256,6 @@ impl Env {
             config,
         ))
     }
-}
-
-fn check_db_url(db: &str) -> Result<()> {
-    if ["sqlite:", "postgres://", "postgresql://"]
-        .iter()
-        .any(|scheme| db.starts_with(scheme))
-    {
-        return Ok(());
-    }
-    Err(BadInput(format!(
-        "unsupported database url `{db}`: use sqlite://PATH (e.g. sqlite://ratchet.db) or postgres://USER@HOST:PORT/DB"
-    ))
-    .into())
 }
 
 pub fn default_worker_id() -> String {

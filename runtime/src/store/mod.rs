@@ -36,8 +36,6 @@ pub enum StoreError {
     },
     #[error("corrupt row in `{table}`: {detail}")]
     Corrupt { table: &'static str, detail: String },
-    #[error("{0} not found")]
-    NotFound(String),
 }
 
 impl StoreError {

@@ -13,6 +13,7 @@ pub(crate) trait RowExt {
     fn opt_text(&self, column: &str) -> Result<Option<String>>;
     fn int(&self, column: &str) -> Result<i64>;
     fn opt_int(&self, column: &str) -> Result<Option<i64>>;
+    fn opt_blob(&self, column: &str) -> Result<Option<Vec<u8>>>;
 }
 
 macro_rules! impl_row_ext {
@@ -28,6 +29,9 @@ macro_rules! impl_row_ext {
                 Ok(sqlx::Row::try_get(self, column)?)
             }
             fn opt_int(&self, column: &str) -> $crate::store::Result<Option<i64>> {
+                Ok(sqlx::Row::try_get(self, column)?)
+            }
+            fn opt_blob(&self, column: &str) -> $crate::store::Result<Option<Vec<u8>>> {
                 Ok(sqlx::Row::try_get(self, column)?)
             }
         }
@@ -231,4 +235,29 @@ pub(crate) fn repin_refusal(
         return Some(RepinOutcome::JobNotWaiting(state));
     }
     (pinned != r.from_digest).then(|| RepinOutcome::PinMoved(pinned.to_string()))
+}
+
+/// The columns both backends select to load a stage's inputs: each binding
+/// left-joined with the artifact it names.
+pub(crate) const INPUTS_SELECT: &str = "SELECT b.input, b.from_stage, b.from_output,
+        a.run_id, a.stage, a.output, a.media_type, a.digest, a.size, a.attempt,
+        a.plugin_digest, a.created_at, a.bytes
+ FROM job_inputs b
+ LEFT JOIN artifacts a
+   ON a.run_id = b.run_id AND a.stage = b.from_stage AND a.output = b.from_output";
+
+pub(crate) fn loaded_input(row: &impl RowExt) -> Result<LoadedInput> {
+    let artifact = match row.opt_blob("bytes")? {
+        Some(bytes) => Some(Artifact {
+            meta: artifact_meta(row)?,
+            bytes,
+        }),
+        None => None,
+    };
+    Ok(LoadedInput {
+        input: row.text("input")?,
+        from_stage: row.text("from_stage")?,
+        from_output: row.text("from_output")?,
+        artifact,
+    })
 }

@@ -102,7 +102,7 @@ async fn fence(tx: &mut Tx, job_id: i64, attempt: i64, worker: &str) -> Result<O
     .await?)
 }
 
-pub(super) async fn complete(store: &PostgresStore, c: JobComplete) -> Result<CompleteOutcome> {
+pub(super) async fn complete(store: &PostgresStore, mut c: JobComplete) -> Result<CompleteOutcome> {
     let mut tx = store.begin_write().await?;
     let Some(job) = fence(&mut tx, c.job_id, c.attempt, &c.worker).await? else {
         return Ok(CompleteOutcome::LeaseLost);
@@ -113,23 +113,24 @@ pub(super) async fn complete(store: &PostgresStore, c: JobComplete) -> Result<Co
     let emits = rows::json_list("jobs", &job.try_get::<String, _>("emits")?)?;
 
     let mut outputs = Vec::with_capacity(c.outputs.len());
-    for proposed in &c.outputs {
+    // The proposals are moved into the insert, never copied.
+    for proposed in std::mem::take(&mut c.outputs) {
         let put = ArtifactPut {
             run_id: run_id.clone(),
             stage: stage.clone(),
-            output: proposed.name.clone(),
-            media_type: proposed.media_type.clone(),
-            bytes: proposed.bytes.clone(),
-            digest: proposed.digest.clone(),
+            output: proposed.name,
+            media_type: proposed.media_type,
+            bytes: proposed.bytes,
+            digest: proposed.digest,
             attempt: c.attempt,
             plugin_digest: Some(plugin_digest.clone()),
             now: c.now,
         };
         let canonical = artifacts::put_canonical_tx(&mut tx, &put).await?;
         outputs.push(CanonicalOutput {
-            name: proposed.name.clone(),
+            name: put.output,
             digest: canonical.digest,
-            proposed_digest: proposed.digest.clone(),
+            proposed_digest: put.digest,
             won: canonical.inserted,
         });
     }

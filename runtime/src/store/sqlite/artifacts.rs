@@ -86,32 +86,21 @@ pub(super) async fn list<'e>(
     rows.iter().map(rows::artifact_meta).collect()
 }
 
+/// One query: every binding of the stage with the artifact it names.
 pub(super) async fn inputs_load(
     store: &SqliteStore,
     run_id: &str,
     stage: &str,
 ) -> Result<Vec<LoadedInput>> {
-    let bindings = sqlx::query(
-        "SELECT input, from_stage, from_output FROM job_inputs
-         WHERE run_id = ? AND stage = ? ORDER BY input",
-    )
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "{} WHERE b.run_id = ? AND b.stage = ? ORDER BY b.input",
+        rows::INPUTS_SELECT
+    )))
     .bind(run_id)
     .bind(stage)
     .fetch_all(&store.pool)
     .await?;
-    let mut loaded = Vec::with_capacity(bindings.len());
-    for b in bindings {
-        let from_stage: String = b.try_get("from_stage")?;
-        let from_output: String = b.try_get("from_output")?;
-        let artifact = get(&store.pool, run_id, &from_stage, &from_output).await?;
-        loaded.push(LoadedInput {
-            input: b.try_get("input")?,
-            from_stage,
-            from_output,
-            artifact,
-        });
-    }
-    Ok(loaded)
+    rows.iter().map(rows::loaded_input).collect()
 }
 
 pub(super) async fn model_call_put(store: &SqliteStore, m: ModelCallPut) -> Result<ModelCall> {

@@ -86,7 +86,7 @@ pub(super) async fn claim(store: &SqliteStore, c: JobClaim) -> Result<Option<Cla
 /// The job row, if `(job, attempt, worker)` still holds the lease.
 async fn fence(tx: &mut Tx, job_id: i64, attempt: i64, worker: &str) -> Result<Option<SqliteRow>> {
     Ok(sqlx::query(
-        "SELECT run_id, stage, plugin_digest, emits FROM jobs
+        "SELECT run_id, stage, plugin_digest, emits, max_attempts FROM jobs
          WHERE id = ? AND attempt = ? AND lease_owner = ? AND state = 'running'",
     )
     .bind(job_id)
@@ -96,7 +96,7 @@ async fn fence(tx: &mut Tx, job_id: i64, attempt: i64, worker: &str) -> Result<O
     .await?)
 }
 
-pub(super) async fn complete(store: &SqliteStore, c: JobComplete) -> Result<CompleteOutcome> {
+pub(super) async fn complete(store: &SqliteStore, mut c: JobComplete) -> Result<CompleteOutcome> {
     let mut tx = store.begin_write().await?;
     let Some(job) = fence(&mut tx, c.job_id, c.attempt, &c.worker).await? else {
         return Ok(CompleteOutcome::LeaseLost);
@@ -107,23 +107,24 @@ pub(super) async fn complete(store: &SqliteStore, c: JobComplete) -> Result<Comp
     let emits = rows::json_list("jobs", &job.try_get::<String, _>("emits")?)?;
 
     let mut outputs = Vec::with_capacity(c.outputs.len());
-    for proposed in &c.outputs {
+    // The proposals are moved into the insert, never copied.
+    for proposed in std::mem::take(&mut c.outputs) {
         let put = ArtifactPut {
             run_id: run_id.clone(),
             stage: stage.clone(),
-            output: proposed.name.clone(),
-            media_type: proposed.media_type.clone(),
-            bytes: proposed.bytes.clone(),
-            digest: proposed.digest.clone(),
+            output: proposed.name,
+            media_type: proposed.media_type,
+            bytes: proposed.bytes,
+            digest: proposed.digest,
             attempt: c.attempt,
             plugin_digest: Some(plugin_digest.clone()),
             now: c.now,
         };
         let canonical = artifacts::put_canonical_tx(&mut tx, &put).await?;
         outputs.push(CanonicalOutput {
-            name: proposed.name.clone(),
+            name: put.output,
             digest: canonical.digest,
-            proposed_digest: proposed.digest.clone(),
+            proposed_digest: put.digest,
             won: canonical.inserted,
         });
     }
@@ -283,10 +284,7 @@ pub(super) async fn fail(store: &SqliteStore, f: JobFail) -> Result<FailOutcome>
         return Ok(FailOutcome::LeaseLost);
     };
     let run_id: String = job.try_get("run_id")?;
-    let max_attempts: i64 = sqlx::query_scalar("SELECT max_attempts FROM jobs WHERE id = ?")
-        .bind(f.job_id)
-        .fetch_one(&mut *tx)
-        .await?;
+    let max_attempts: i64 = job.try_get("max_attempts")?;
     let outcome = if f.retryable && f.attempt < max_attempts {
         sqlx::query(
             "UPDATE jobs SET state = 'ready', lease_owner = NULL, lease_expires_at = NULL,

@@ -30,20 +30,15 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if missing) the database at `sqlite://PATH` and
-    /// migrates it. `?synchronous=normal` trades durability of the last
-    /// commits on power loss for speed; the default is `full`.
+    /// migrates it; every commit is durable (`synchronous=FULL`).
     pub async fn open(url: &str) -> Result<Self> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|_| StoreError::UnsupportedUrl(url.to_string()))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(30))
-            .foreign_keys(true);
-        let options = if url.contains("synchronous=") {
-            options
-        } else {
-            options.synchronous(SqliteSynchronous::Full)
-        };
+            .foreign_keys(true)
+            .synchronous(SqliteSynchronous::Full);
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(60))

@@ -1,6 +1,10 @@
 //! Retries: retryable failures come back after a growing, jittered delay
 //! (measured on an injected clock); fatal failures and exhausted attempts
 //! end the stage, fail the run and cancel what has not started.
+//!
+//! Checked on the buggy shape: with a constant backoff (`exp = 0` in
+//! `Backoff::delay_ms`) the growing-delay test fails; with fatal errors
+//! classified retryable (`ExecError::is_retryable`) the fatal test fails.
 
 use std::sync::Arc;
 

@@ -1,8 +1,12 @@
 //! Write a Ratchet stage plugin in Rust: implement [`Stage`], call
 //! [`export_stage!`], build for `wasm32-wasip2`. The WIT bindings stay hidden.
+//! [`testing`] runs a stage natively under simulated crashes and retries.
 
 use std::collections::BTreeMap;
 use std::fmt;
+
+#[cfg(not(target_arch = "wasm32"))]
+pub mod testing;
 
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)] // generated code
@@ -58,7 +62,11 @@ pub fn __run<S: Stage>(
     ctx: types::StageContext,
     inputs: Vec<types::Artifact>,
 ) -> Result<Vec<types::Artifact>, types::StageError> {
-    let ctx = Context { inner: ctx };
+    let ctx = Context {
+        inner: ctx,
+        #[cfg(not(target_arch = "wasm32"))]
+        sim: None,
+    };
     let inputs = Inputs {
         by_name: inputs.into_iter().map(|a| (a.name.clone(), a)).collect(),
     };
@@ -75,9 +83,12 @@ pub fn __run<S: Stage>(
     }
 }
 
-/// Identity of the attempt being run.
+/// Identity of the attempt being run, and the host's capabilities.
 pub struct Context {
     inner: types::StageContext,
+    /// The simulated host of [`testing`], when run natively.
+    #[cfg(not(target_arch = "wasm32"))]
+    sim: Option<std::rc::Rc<std::cell::RefCell<testing::SimHost>>>,
 }
 
 impl Context {
@@ -97,6 +108,10 @@ impl Context {
         &self.inner.idempotency_key
     }
     pub fn log(&self, level: Level, message: &str) {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(sim) = &self.sim {
+            return sim.borrow_mut().log(level, message);
+        }
         bindings::ratchet::stage::log::log(level, message);
     }
     pub fn info(&self, message: &str) {
@@ -105,6 +120,10 @@ impl Context {
     /// Asks the model. The host journals the answer before returning it: a
     /// retried attempt gets the answers earlier attempts got, call by call.
     pub fn generate(&self, prompt: &str) -> Result<String, Error> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(sim) = &self.sim {
+            return sim.borrow_mut().generate(prompt).map_err(Error::from);
+        }
         let request = bindings::ratchet::stage::model::Request {
             prompt: prompt.to_string(),
             max_tokens: None,

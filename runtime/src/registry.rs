@@ -32,14 +32,15 @@ pub struct Registered {
 }
 
 /// Validates a component (it compiles, implements `stage`, describes a valid
-/// manifest) and stores it; nothing is stored when any check fails.
+/// manifest, the operator's policy admits it) and stores it; nothing is
+/// stored when any check fails.
 pub async fn plugin_register(
     store: &Arc<dyn Store>,
     host: &PluginHost,
     component: Vec<u8>,
     clock: &dyn Clock,
 ) -> Result<Registered, RegistryError> {
-    let loaded = host.inspect(&component).await?;
+    let loaded = host.admit(&component).await?;
     let manifest = loaded.manifest.clone();
     let outcome = store
         .plugin_put(PluginPut {

@@ -13,8 +13,8 @@ use ratchet_runtime::audit::{AuditReport, audit};
 use ratchet_runtime::bundled::PLUGIN_DIR;
 use ratchet_runtime::clock::{Clock, SystemClock};
 use ratchet_runtime::manifest::Pipeline;
-use ratchet_runtime::model::StochasticModel;
-use ratchet_runtime::plugin::PluginHost;
+use ratchet_runtime::model::{ModelBackend, StochasticModel};
+use ratchet_runtime::plugin::{HostConfig, PluginHost};
 use ratchet_runtime::registry;
 use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
 use ratchet_runtime::store::{self, JobState, Store};
@@ -29,6 +29,12 @@ pub const DEMO_PLUGINS: [&str; 4] = ["draft", "verify", "publish", "prepare-next
 /// The compiled component of a plugin under `plugins/`.
 pub fn plugin_path(name: &str) -> PathBuf {
     PathBuf::from(PLUGIN_DIR).join(format!("{}.wasm", name.replace('-', "_")))
+}
+
+/// Precompiled components shared by every test process, as workers on one
+/// machine would share them; files are keyed by digest and engine settings.
+pub fn shared_component_cache() -> PathBuf {
+    std::env::temp_dir().join("ratchet-test-components")
 }
 
 pub struct Harness {
@@ -112,6 +118,20 @@ impl Harness {
     /// A harness on `backend`, or `None` when that backend is unavailable
     /// here (Postgres outside CI).
     pub async fn on(backend: Backend, clock: Arc<dyn Clock>) -> Option<Self> {
+        let config = HostConfig {
+            cache_dir: Some(shared_component_cache()),
+            ..HostConfig::default()
+        };
+        Self::configured(backend, clock, Arc::new(StochasticModel), config).await
+    }
+
+    /// A harness with its own model backend and host configuration.
+    pub async fn configured(
+        backend: Backend,
+        clock: Arc<dyn Clock>,
+        model: Arc<dyn ModelBackend>,
+        config: HostConfig,
+    ) -> Option<Self> {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = match backend {
             Backend::Sqlite => format!("sqlite://{}", dir.path().join("ratchet.db").display()),
@@ -119,8 +139,7 @@ impl Harness {
         };
         let store = store::open(&url).await.expect("open store");
         let host = Arc::new(
-            PluginHost::new(store.clone(), Arc::new(StochasticModel), clock.clone())
-                .expect("plugin host"),
+            PluginHost::new(store.clone(), model, clock.clone(), config).expect("plugin host"),
         );
         Some(Self {
             _dir: dir,
@@ -306,7 +325,10 @@ pub fn ratchet(bin: &str, url: &str) -> tokio::process::Command {
     cmd.arg("--db")
         .arg(url)
         .env("RATCHET_LOG", "error")
+        .env("RATCHET_CACHE_DIR", shared_component_cache())
         .env_remove("FAILPOINTS")
+        .env_remove("RATCHET_POLICY")
+        .env_remove("RATCHET_MODEL")
         .kill_on_drop(true);
     cmd
 }

@@ -62,6 +62,14 @@ async fn a_memory_bomb_is_stopped_at_its_memory_limit() {
     assert_dead_with("memory-bomb", "exceeded its memory limit of 32 MiB").await;
 }
 
+/// A guest panic is a Wasm trap: a retryable failed attempt (the plugin
+/// drafts on its second attempt; `retries.rs` covers that), here with one
+/// attempt allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trap_fails_the_attempt() {
+    assert_dead_with("traps", "stage trapped").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_giant_output_is_refused() {
     assert_dead_with("giant-output", "over the 65536-byte limit").await;
@@ -87,7 +95,7 @@ async fn a_missing_declared_output_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn files_environment_sockets_and_ungranted_capabilities_are_out_of_reach() {
+async fn files_environment_and_sockets_are_out_of_reach() {
     let (h, run, state, error) = run_beside_demo("escape-artist").await;
     assert_eq!(state, JobState::Succeeded, "{error:?}");
     let report: Value = h.json(&run, "hostile", "report").await;
@@ -98,9 +106,4 @@ async fn files_environment_sockets_and_ungranted_capabilities_are_out_of_reach()
         );
     }
     assert_eq!(report["env"], 0, "no environment variables: {report}");
-    let model = report["model"]["Err"].as_str().unwrap_or_default();
-    assert!(
-        model.contains("access denied"),
-        "model without the capability: {report}"
-    );
 }

@@ -14,8 +14,8 @@ use clap::{Parser, Subcommand};
 
 use crate::clock::{Clock, SystemClock};
 use crate::manifest::{ManifestError, Pipeline};
-use crate::model::StochasticModel;
-use crate::plugin::{PluginError, PluginHost};
+use crate::model::{ModelBackend, OpenAiConfig, OpenAiModel, StochasticModel};
+use crate::plugin::{HostConfig, PluginError, PluginHost, Policy};
 use crate::registry::{self, RegistryError};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::store::{self, PluginPutOutcome, Store, StoreError};
@@ -36,8 +36,61 @@ pub struct Cli {
         default_value = "sqlite://ratchet.db"
     )]
     pub db: String,
+    /// Operator policy (TOML): the capabilities plugins may be granted and
+    /// caps on their limits. Without it every capability is grantable.
+    #[arg(long, global = true, env = "RATCHET_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// Folder for precompiled components [default: DB_FILE.components/ beside
+    /// a SQLite database; none for PostgreSQL].
+    #[arg(long, global = true, env = "RATCHET_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The backend behind `model.generate`.
+#[derive(Debug, clap::Args)]
+pub struct ModelArgs {
+    /// `stochastic` (built in, random answers) or `openai` (any
+    /// OpenAI-compatible chat-completions server).
+    #[arg(
+        long = "model",
+        global = true,
+        env = "RATCHET_MODEL",
+        default_value = "stochastic"
+    )]
+    pub backend: ModelKind,
+    /// Base URL of the OpenAI-compatible API, up to the version.
+    #[arg(
+        long,
+        global = true,
+        env = "RATCHET_MODEL_URL",
+        default_value = "https://api.openai.com/v1"
+    )]
+    pub model_url: String,
+    #[arg(
+        long,
+        global = true,
+        env = "RATCHET_MODEL_NAME",
+        default_value = "gpt-4o-mini"
+    )]
+    pub model_name: String,
+    /// Per request, connect to last byte.
+    #[arg(
+        long,
+        global = true,
+        env = "RATCHET_MODEL_TIMEOUT_MS",
+        default_value_t = 60_000
+    )]
+    pub model_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModelKind {
+    Stochastic,
+    Openai,
 }
 
 #[derive(Debug, Subcommand)]
@@ -198,6 +251,7 @@ fn exit_code(e: &anyhow::Error) -> u8 {
             PluginError::InvalidComponent(_)
                 | PluginError::WrongWorld(_)
                 | PluginError::Manifest(_)
+                | PluginError::NotAdmitted(_)
         )
     };
     let store_input = |s: &StoreError| {
@@ -230,13 +284,17 @@ pub struct Env {
 }
 
 impl Env {
-    pub async fn open(db: &str) -> Result<Self> {
+    pub async fn open(cli: &Cli) -> Result<Self> {
+        let db = cli.db.as_str();
+        let config = host_config(cli)?;
+        let model = model_backend(&cli.model)?;
         let store = store::open(db).await.context("cannot open the database")?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let host = Arc::new(PluginHost::new(
             store.clone(),
-            Arc::new(StochasticModel),
+            model,
             clock.clone(),
+            config,
         )?);
         Ok(Self {
             db: db.to_string(),
@@ -258,6 +316,52 @@ impl Env {
     }
 }
 
+fn host_config(cli: &Cli) -> Result<HostConfig> {
+    let policy = match &cli.policy {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                BadInput(format!("cannot read the policy `{}`: {e}", path.display()))
+            })?;
+            Policy::parse(&path.display().to_string(), &text)?
+        }
+        None => Policy::default(),
+    };
+    let cache_dir = cli.cache_dir.clone().or_else(|| {
+        let path = cli
+            .db
+            .strip_prefix("sqlite://")
+            .or_else(|| cli.db.strip_prefix("sqlite:"))?
+            .split('?')
+            .next()?;
+        (!path.is_empty() && !path.contains(":memory:"))
+            .then(|| PathBuf::from(format!("{path}.components")))
+    });
+    Ok(HostConfig {
+        policy,
+        cache_dir,
+        ..HostConfig::default()
+    })
+}
+
+fn model_backend(args: &ModelArgs) -> Result<Arc<dyn ModelBackend>> {
+    Ok(match args.backend {
+        ModelKind::Stochastic => Arc::new(StochasticModel),
+        ModelKind::Openai => {
+            let api_key = std::env::var("RATCHET_MODEL_API_KEY")
+                .or_else(|_| std::env::var("OPENAI_API_KEY"))
+                .ok()
+                .filter(|k| !k.is_empty());
+            let config = OpenAiConfig {
+                base_url: args.model_url.clone(),
+                model: args.model_name.clone(),
+                api_key,
+                timeout: Duration::from_millis(args.model_timeout_ms),
+            };
+            Arc::new(OpenAiModel::new(config).map_err(|e| BadInput(e.to_string()))?)
+        }
+    })
+}
+
 pub fn default_worker_id() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
@@ -275,7 +379,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             return Err(BadInput(format!("cannot read `{}`: no such file", file.display())).into());
         }
     }
-    let env = Env::open(&cli.db).await?;
+    let env = Env::open(&cli).await?;
     match cli.command {
         Command::Demo { runs } => demo::run(&env, runs).await,
         Command::Plugin(PluginCommand::Add { file }) => {

@@ -68,12 +68,24 @@ fn line_of(text: &str, offset: usize) -> usize {
         + 1
 }
 
-/// A host capability a plugin may ask for. `log` is always granted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+/// A host capability a plugin may ask for. An attempt may use it when its
+/// manifest asks for it and the operator's policy grants it.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, serde::Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Capability {
     Log,
     Model,
+}
+
+impl Capability {
+    pub fn name(self) -> &'static str {
+        match self {
+            Capability::Log => "log",
+            Capability::Model => "model",
+        }
+    }
 }
 
 /// Per-stage sandbox limits; unset fields take the host's defaults.
@@ -173,10 +185,6 @@ impl PluginManifest {
             capabilities: raw.capabilities,
             limits: raw.limits,
         })
-    }
-
-    pub fn wants(&self, capability: Capability) -> bool {
-        capability == Capability::Log || self.capabilities.contains(&capability)
     }
 }
 

@@ -1,16 +1,23 @@
-//! The Wasm sandbox: one wasmtime engine, components compiled once per digest,
-//! a fresh instance per attempt with a deadline, a memory cap and no ambient
-//! authority. A plugin can fail an attempt; it cannot take the host down.
+//! The Wasm sandbox: one wasmtime engine, components compiled once per digest
+//! (kept in memory and precompiled on disk), a fresh instance per attempt
+//! with a deadline, a memory cap and no ambient authority. A plugin can fail
+//! an attempt; it cannot take the host down.
 
+mod cache;
 mod host;
+mod policy;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{Engine, Store as WasmStore, StoreLimits, StoreLimitsBuilder, UpdateDeadline};
+use wasmtime::{
+    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store as WasmStore, StoreLimits,
+    StoreLimitsBuilder, UpdateDeadline,
+};
 use wasmtime_wasi::WasiCtx;
 
 use crate::clock::Clock;
@@ -19,7 +26,12 @@ use crate::manifest::{Capability, ManifestError, PluginManifest};
 use crate::model::ModelBackend;
 use crate::store::{Store, StoreError};
 
+pub use cache::DiskCache;
 pub use host::HostFailure;
+pub use policy::{
+    Caps, DEFAULT_MAX_HOST_CALLS, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_MS,
+    EffectiveLimits, Policy,
+};
 
 wasmtime::component::bindgen!({
     world: "stage",
@@ -30,11 +42,6 @@ wasmtime::component::bindgen!({
 
 use ratchet::stage::types::Artifact as WitArtifact;
 
-/// Defaults for limits a manifest leaves unset.
-pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
-pub const DEFAULT_MEMORY_MB: u64 = 256;
-pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
-pub const DEFAULT_MAX_HOST_CALLS: u64 = 100_000;
 const EPOCH_TICK: Duration = Duration::from_millis(5);
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +60,9 @@ pub enum PluginError {
     Store(#[from] StoreError),
     #[error("wasm engine error: {0}")]
     Engine(String),
+    /// The operator's policy does not admit the plugin.
+    #[error("{0}")]
+    NotAdmitted(String),
 }
 
 /// Why an attempt failed inside the sandbox, and whether a retry may help.
@@ -88,7 +98,31 @@ impl ExecError {
 pub struct LoadedPlugin {
     pub digest: String,
     pub manifest: PluginManifest,
+    /// The component's imports, e.g. `ratchet:stage/model@0.1.0`.
+    pub imports: Vec<String>,
     pre: StagePre<HostState>,
+}
+
+/// How a `PluginHost` is set up; `HostConfig::default()` suits tests and the
+/// demo.
+#[derive(Debug, Clone, Default)]
+pub struct HostConfig {
+    pub policy: Policy,
+    /// Where precompiled components are kept across restarts; `None` keeps
+    /// them in memory only.
+    pub cache_dir: Option<PathBuf>,
+    /// Instance slots for wasmtime's pooling allocator (at least the number
+    /// of attempts run at once); `None` allocates each instance on demand.
+    pub pooling: Option<u32>,
+}
+
+/// How components were obtained since the host started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CompileStats {
+    /// Compiled from Wasm with cranelift.
+    pub compiled: u64,
+    /// Loaded precompiled from the disk cache.
+    pub from_disk: u64,
 }
 
 /// Who is calling and with what: the host side of one attempt.
@@ -126,7 +160,11 @@ pub struct HostState {
 pub struct PluginHost {
     engine: Engine,
     linker: Linker<HostState>,
+    policy: Policy,
     cache: Mutex<HashMap<String, Arc<LoadedPlugin>>>,
+    disk: Option<DiskCache>,
+    compiled: AtomicU64,
+    from_disk: AtomicU64,
     store: Arc<dyn Store>,
     model: Arc<dyn ModelBackend>,
     clock: Arc<dyn Clock>,
@@ -144,9 +182,16 @@ impl PluginHost {
         store: Arc<dyn Store>,
         model: Arc<dyn ModelBackend>,
         clock: Arc<dyn Clock>,
+        host_config: HostConfig,
     ) -> Result<Self, PluginError> {
         let mut config = wasmtime::Config::new();
         config.wasm_component_model(true).epoch_interruption(true);
+        if let Some(slots) = host_config.pooling {
+            config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(
+                slots,
+                host_config.policy.caps.memory_mb,
+            )));
+        }
         let engine = Engine::new(&config).map_err(|e| PluginError::Engine(e.to_string()))?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
@@ -164,10 +209,17 @@ impl PluginHost {
                 }
             })
             .map_err(|e| PluginError::Engine(e.to_string()))?;
+        let disk = host_config
+            .cache_dir
+            .map(|dir| DiskCache::new(dir, &engine));
         Ok(Self {
             engine,
             linker,
+            policy: host_config.policy,
             cache: Mutex::new(HashMap::new()),
+            disk,
+            compiled: AtomicU64::new(0),
+            from_disk: AtomicU64::new(0),
             store,
             model,
             clock,
@@ -175,19 +227,46 @@ impl PluginHost {
         })
     }
 
-    /// Compiles a component and reads its manifest through `describe`, the
-    /// check `plugin add` makes before anything is stored.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The disk cache of precompiled components, when configured.
+    pub fn disk_cache(&self) -> Option<&DiskCache> {
+        self.disk.as_ref()
+    }
+
+    pub fn compile_stats(&self) -> CompileStats {
+        CompileStats {
+            compiled: self.compiled.load(Ordering::Relaxed),
+            from_disk: self.from_disk.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Checks a component the way `plugin add` does before anything is
+    /// stored: it compiles, implements `stage`, describes a valid manifest,
+    /// and the operator's policy admits its imports, capabilities and limits.
+    pub async fn admit(&self, bytes: &[u8]) -> Result<Arc<LoadedPlugin>, PluginError> {
+        let loaded = self.inspect(bytes).await?;
+        self.policy
+            .admit(&loaded.manifest, &loaded.imports)
+            .map_err(PluginError::NotAdmitted)?;
+        Ok(loaded)
+    }
+
+    /// Compiles a component (or loads it precompiled) and reads its manifest
+    /// through `describe`.
     pub async fn inspect(&self, bytes: &[u8]) -> Result<Arc<LoadedPlugin>, PluginError> {
         let digest = sha256_hex(bytes);
         if let Some(hit) = self.cached(&digest) {
             return Ok(hit);
         }
-        let engine = self.engine.clone();
-        let owned = bytes.to_vec();
-        let component = tokio::task::spawn_blocking(move || Component::new(&engine, &owned))
-            .await
-            .map_err(|e| PluginError::Engine(e.to_string()))?
-            .map_err(|e| PluginError::InvalidComponent(first_line(&e)))?;
+        let (component, fresh) = self.compile(&digest, bytes).await?;
+        let imports = component
+            .component_type()
+            .imports(&self.engine)
+            .map(|(name, _)| name.to_string())
+            .collect();
         let instance_pre = self
             .linker
             .instantiate_pre(&component)
@@ -197,13 +276,44 @@ impl PluginHost {
         let text = self.describe(&pre).await?;
         let manifest =
             PluginManifest::parse(&format!("manifest of component {}", &digest[..12]), &text)?;
+        if fresh && let Some(disk) = &self.disk {
+            // A cache that cannot be written costs a recompile next start,
+            // nothing more.
+            if let Err(e) = disk.store(&digest, &component) {
+                tracing::warn!(%digest, "cannot keep the precompiled component: {e}");
+            }
+        }
         let loaded = Arc::new(LoadedPlugin {
             digest: digest.clone(),
             manifest,
+            imports,
             pre,
         });
         lock(&self.cache).insert(digest, loaded.clone());
         Ok(loaded)
+    }
+
+    /// The component from the disk cache, or compiled (`true`: freshly).
+    async fn compile(&self, digest: &str, bytes: &[u8]) -> Result<(Component, bool), PluginError> {
+        let engine = self.engine.clone();
+        let disk = self.disk.clone();
+        let (digest, owned) = (digest.to_string(), bytes.to_vec());
+        let (component, fresh) = tokio::task::spawn_blocking(move || {
+            if let Some(hit) = disk.and_then(|d| d.load(&engine, &digest)) {
+                return Ok((hit, false));
+            }
+            Component::new(&engine, &owned).map(|c| (c, true))
+        })
+        .await
+        .map_err(|e| PluginError::Engine(e.to_string()))?
+        .map_err(|e| PluginError::InvalidComponent(first_line(&e)))?;
+        let counter = if fresh {
+            &self.compiled
+        } else {
+            &self.from_disk
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok((component, fresh))
     }
 
     /// The registered plugin with this digest, compiled once and cached.
@@ -285,9 +395,9 @@ impl PluginHost {
         inv: &Invocation,
         inputs: Vec<Payload>,
     ) -> Result<(Vec<Payload>, ExecReport), (ExecError, ExecReport)> {
-        let limits = &plugin.manifest.limits;
-        let timeout_ms = limits.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
-        let memory = limits.memory_mb.unwrap_or(DEFAULT_MEMORY_MB) * 1024 * 1024;
+        let limits = self.policy.limits(&plugin.manifest.limits);
+        let timeout_ms = limits.timeout_ms;
+        let memory = limits.memory_mb * 1024 * 1024;
         let store_limits = StoreLimitsBuilder::new()
             .memory_size(memory as usize)
             .trap_on_grow_failure(true)
@@ -297,8 +407,11 @@ impl PluginHost {
             self.model.clone(),
             self.clock.clone(),
             inv.clone(),
-            plugin.manifest.wants(Capability::Model),
-            limits.max_host_calls.unwrap_or(DEFAULT_MAX_HOST_CALLS),
+            host::Grants {
+                log: self.policy.grants(&plugin.manifest, Capability::Log),
+                model: self.policy.grants(&plugin.manifest, Capability::Model),
+            },
+            limits.max_host_calls,
         );
         let timeout = Duration::from_millis(timeout_ms);
         let mut store = self.new_store(store_limits, Some(call), timeout);
@@ -333,7 +446,7 @@ impl PluginHost {
             Ok(Err(e)) => Err(classify_trap(&e, timeout_ms, memory >> 20)),
             Ok(Ok(Err(StageError::Retryable(m)))) => Err(ExecError::Retryable(m)),
             Ok(Ok(Err(StageError::Fatal(m)))) => Err(ExecError::Fatal(m)),
-            Ok(Ok(Ok(outputs))) => check_outputs(&plugin.manifest, outputs),
+            Ok(Ok(Ok(outputs))) => check_outputs(&plugin.manifest, &limits, outputs),
         };
         result.map(|o| (o, report.clone())).map_err(|e| (e, report))
     }
@@ -351,14 +464,28 @@ fn classify_trap(e: &wasmtime::Error, timeout_ms: u64, memory_mb: u64) -> ExecEr
     ExecError::Trap(first_line(e))
 }
 
+/// Pooling allocator settings: `slots` component instances at once, each
+/// with room for the core instances, memories and tables a component built
+/// by componentize-py needs, memories up to the operator's cap.
+fn pooling(slots: u32, memory_cap_mb: u64) -> PoolingAllocationConfig {
+    let mut pool = PoolingAllocationConfig::default();
+    let max_memory = usize::try_from(memory_cap_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+    pool.total_component_instances(slots)
+        .total_core_instances(slots.saturating_mul(16))
+        .total_memories(slots.saturating_mul(4))
+        .total_tables(slots.saturating_mul(8))
+        .total_stacks(slots)
+        .table_elements(100_000)
+        .max_memory_size(max_memory);
+    pool
+}
+
 fn check_outputs(
     manifest: &PluginManifest,
+    limits: &EffectiveLimits,
     outputs: Vec<WitArtifact>,
 ) -> Result<Vec<Payload>, ExecError> {
-    let max = manifest
-        .limits
-        .max_output_bytes
-        .unwrap_or(DEFAULT_MAX_OUTPUT_BYTES);
+    let max = limits.max_output_bytes;
     let mut total = 0u64;
     let mut seen = std::collections::BTreeSet::new();
     for o in &outputs {

@@ -1,4 +1,5 @@
-//! `log`: always granted; lines go to the host's tracing output.
+//! `log`: lines go to the host's tracing output, tagged with run and stage.
+//! `log` returns nothing, so a denied call is counted and dropped.
 
 use super::super::HostState;
 use super::super::ratchet::stage::log::{Host, Level};
@@ -10,6 +11,9 @@ impl Host for HostState {
     async fn log(&mut self, level: Level, mut message: String) -> wasmtime::Result<()> {
         if let Some(call) = self.call.as_mut() {
             call.count_call()?;
+            if !call.grants.log {
+                return Ok(());
+            }
         }
         if message.len() > MAX_MESSAGE {
             let mut cut = MAX_MESSAGE;

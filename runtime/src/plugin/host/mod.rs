@@ -1,5 +1,5 @@
 //! Host side of the plugin's imports. Each capability is its own module; a
-//! capability the manifest did not ask for answers `access-denied`.
+//! capability not granted to the attempt answers `access-denied`.
 
 mod log;
 mod model;
@@ -42,13 +42,20 @@ impl HostFailure {
     }
 }
 
+/// The capabilities an attempt may use (manifest asks, policy grants).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Grants {
+    pub log: bool,
+    pub model: bool,
+}
+
 /// Per-attempt state behind the imports.
 pub(crate) struct CallContext {
     store: Arc<dyn Store>,
     model: Arc<dyn ModelBackend>,
     clock: Arc<dyn Clock>,
     inv: Invocation,
-    model_granted: bool,
+    grants: Grants,
     next_model_call: i64,
     host_calls: u64,
     max_host_calls: u64,
@@ -63,7 +70,7 @@ impl CallContext {
         model: Arc<dyn ModelBackend>,
         clock: Arc<dyn Clock>,
         inv: Invocation,
-        model_granted: bool,
+        grants: Grants,
         max_host_calls: u64,
     ) -> Self {
         Self {
@@ -71,7 +78,7 @@ impl CallContext {
             model,
             clock,
             inv,
-            model_granted,
+            grants,
             next_model_call: 0,
             host_calls: 0,
             max_host_calls,

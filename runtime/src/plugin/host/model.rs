@@ -17,9 +17,9 @@ impl Host for HostState {
             )));
         };
         call.count_call()?;
-        if !call.model_granted {
+        if !call.grants.model {
             return Ok(Err(ModelError::AccessDenied(
-                "the plugin's manifest does not list `model` in capabilities".into(),
+                "the `model` capability is not granted: the manifest must ask for it and the operator's policy must grant it".into(),
             )));
         }
         let request = ModelRequest {

@@ -1,6 +1,10 @@
 //! Model backends behind the `model.generate` capability. The built-in one is
 //! stochastic on purpose: two calls with one prompt answer differently.
 
+mod openai;
+
+pub use openai::{OpenAiConfig, OpenAiConfigError, OpenAiModel};
+
 use async_trait::async_trait;
 use rand::Rng;
 use rand::seq::IndexedRandom;

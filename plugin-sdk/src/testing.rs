@@ -1,0 +1,367 @@
+//! Run a stage natively, with no database and no Wasm, the way the runtime
+//! would across attempts: the model journal replays earlier answers to a
+//! retry, a crash loses an attempt's proposal but not its journaled answers,
+//! the manifest's output contract and capabilities are enforced, and the
+//! first sound proposal is what gets committed.
+//!
+//! ```
+//! use ratchet_plugin_sdk::testing::Harness;
+//! use ratchet_plugin_sdk::{Context, Error, Inputs, Outputs, Stage};
+//!
+//! struct Draft;
+//! impl Stage for Draft {
+//!     const MANIFEST: &'static str =
+//!         "name = \"draft\"\nversion = \"1.0.0\"\ninputs = [\"topic\"]\noutputs = [\"draft\"]\ncapabilities = [\"model\"]";
+//!     fn run(ctx: &Context, inputs: &Inputs) -> Result<Outputs, Error> {
+//!         let answer = ctx.generate(&format!("Announce {}", inputs.text("topic")?))?;
+//!         Ok(Outputs::new().text("draft", answer))
+//!     }
+//! }
+//!
+//! // Every attempt gets a different answer from the model, and the process
+//! // dies after the first attempt, before its commit.
+//! let report = Harness::<Draft>::new()
+//!     .input_text("topic", "Ratchet")
+//!     .model(|attempt, _prompt| Ok(format!("answer of attempt {attempt}")))
+//!     .crash_after_attempt(1)
+//!     .run();
+//! // The retry was handed the journaled answer, so the committed draft is
+//! // the first attempt's.
+//! assert_eq!(report.text("draft"), "answer of attempt 1");
+//! assert_eq!(report.attempts.len(), 2);
+//! ```
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::marker::PhantomData;
+use std::rc::Rc;
+
+use serde::Deserialize;
+
+use crate::bindings::ratchet::stage::types;
+use crate::{Context, Error, Inputs, Level, ModelError, Stage};
+
+type ModelFn = Box<dyn FnMut(u32, &str) -> Result<String, ModelError>>;
+
+/// What the runtime reads from a manifest; the rest is checked at
+/// registration.
+#[derive(Deserialize)]
+struct Manifest {
+    #[serde(default)]
+    outputs: Vec<String>,
+    #[serde(default)]
+    capabilities: Vec<String>,
+}
+
+/// One stage, its inputs, the model it talks to, and where crashes happen.
+pub struct Harness<S: Stage> {
+    inputs: Vec<types::Artifact>,
+    model: ModelFn,
+    crash_after: BTreeSet<u32>,
+    max_attempts: u32,
+    _stage: PhantomData<S>,
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Its proposal was committed: these are the stage's artifacts.
+    Committed,
+    /// The process died after the attempt ran, before its commit.
+    Crashed,
+    /// It failed; `retryable` says whether the runtime tries again.
+    Failed(Error),
+}
+
+/// A model call as the attempt saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelCall {
+    pub prompt: String,
+    pub answer: Result<String, String>,
+    /// Answered from the journal of an earlier attempt.
+    pub replayed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub number: u32,
+    pub outcome: Outcome,
+    pub model_calls: Vec<ModelCall>,
+    pub logs: Vec<(Level, String)>,
+}
+
+/// Everything the simulated runtime did, and what it committed.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub attempts: Vec<Attempt>,
+    /// The committed artifacts (name, media type, bytes), if any attempt
+    /// committed.
+    pub committed: Option<Vec<(String, String, Vec<u8>)>>,
+}
+
+impl Report {
+    /// The committed artifact `name`; panics with the attempts when none.
+    pub fn bytes(&self, name: &str) -> &[u8] {
+        self.committed
+            .iter()
+            .flatten()
+            .find(|(n, _, _)| n == name)
+            .map(|(_, _, b)| b.as_slice())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no committed artifact `{name}`; attempts: {:#?}",
+                    self.attempts
+                )
+            })
+    }
+
+    pub fn text(&self, name: &str) -> &str {
+        std::str::from_utf8(self.bytes(name)).expect("artifact is UTF-8")
+    }
+
+    pub fn json<T: serde::de::DeserializeOwned>(&self, name: &str) -> T {
+        serde_json::from_slice(self.bytes(name)).expect("artifact is the expected JSON")
+    }
+
+    /// The error that ended the stage, when nothing was committed.
+    pub fn failure(&self) -> Option<&Error> {
+        match self.attempts.last().map(|a| &a.outcome) {
+            Some(Outcome::Failed(e)) if self.committed.is_none() => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl<S: Stage> Default for Harness<S> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S: Stage> Harness<S> {
+    /// Five attempts at most, no crashes, and a model whose answer names the
+    /// attempt and the call, so an answer that was not replayed shows.
+    pub fn new() -> Self {
+        Self {
+            inputs: Vec::new(),
+            model: Box::new(|attempt, prompt| Ok(format!("answer {attempt}: {prompt}"))),
+            crash_after: BTreeSet::new(),
+            max_attempts: 5,
+            _stage: PhantomData,
+        }
+    }
+
+    pub fn input(mut self, name: &str, media_type: &str, bytes: impl Into<Vec<u8>>) -> Self {
+        self.inputs.push(types::Artifact {
+            name: name.to_string(),
+            media_type: media_type.to_string(),
+            bytes: bytes.into(),
+        });
+        self
+    }
+
+    pub fn input_text(self, name: &str, text: &str) -> Self {
+        self.input(name, "text/plain; charset=utf-8", text)
+    }
+
+    pub fn input_json<T: serde::Serialize>(self, name: &str, value: &T) -> Self {
+        let bytes = serde_json::to_vec(value).expect("input encodes as JSON");
+        self.input(name, "application/json", bytes)
+    }
+
+    /// The model backend: called with the attempt number and the prompt
+    /// whenever the journal has no answer yet.
+    pub fn model(
+        mut self,
+        answer: impl FnMut(u32, &str) -> Result<String, ModelError> + 'static,
+    ) -> Self {
+        self.model = Box::new(answer);
+        self
+    }
+
+    /// The process dies after attempt `attempt` runs, before its commit.
+    pub fn crash_after_attempt(mut self, attempt: u32) -> Self {
+        self.crash_after.insert(attempt);
+        self
+    }
+
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Runs attempts until one commits, one fails fatally, or none remain.
+    pub fn run(self) -> Report {
+        let manifest: Manifest = toml::from_str(S::MANIFEST)
+            .unwrap_or_else(|e| panic!("the stage's MANIFEST is not valid TOML: {e}"));
+        let inputs = Inputs {
+            by_name: self
+                .inputs
+                .iter()
+                .map(|a| (a.name.clone(), a.clone()))
+                .collect(),
+        };
+        let sim = Rc::new(RefCell::new(SimHost {
+            model: self.model,
+            journal: Vec::new(),
+            grant_model: manifest.capabilities.iter().any(|c| c == "model"),
+            grant_log: manifest.capabilities.iter().any(|c| c == "log"),
+            attempt: 0,
+            next_call: 0,
+            calls: Vec::new(),
+            logs: Vec::new(),
+            host_failure: None,
+        }));
+        let mut report = Report {
+            attempts: Vec::new(),
+            committed: None,
+        };
+        for number in 1..=self.max_attempts {
+            sim.borrow_mut().begin(number);
+            let ctx = Context {
+                inner: types::StageContext {
+                    run_id: "test-run".into(),
+                    stage: "test-stage".into(),
+                    attempt: number,
+                    idempotency_key: "test-run/test-stage".into(),
+                },
+                sim: Some(sim.clone()),
+            };
+            let result = S::run(&ctx, &inputs);
+            let (model_calls, logs, host_failure) = sim.borrow_mut().end();
+            let outcome = match (host_failure, result) {
+                (Some(failure), _) => Outcome::Failed(failure),
+                (None, Err(e)) => Outcome::Failed(e),
+                (None, Ok(outputs)) => match check_outputs(&manifest, &outputs.artifacts) {
+                    Err(e) => Outcome::Failed(e),
+                    Ok(()) if self.crash_after.contains(&number) => Outcome::Crashed,
+                    Ok(()) => {
+                        report.committed = Some(
+                            outputs
+                                .artifacts
+                                .into_iter()
+                                .map(|a| (a.name, a.media_type, a.bytes))
+                                .collect(),
+                        );
+                        Outcome::Committed
+                    }
+                },
+            };
+            let done = match &outcome {
+                Outcome::Committed => true,
+                Outcome::Crashed => false,
+                Outcome::Failed(e) => !e.retryable,
+            };
+            report.attempts.push(Attempt {
+                number,
+                outcome,
+                model_calls,
+                logs,
+            });
+            if done {
+                break;
+            }
+        }
+        report
+    }
+}
+
+/// The contract the runtime enforces on a proposal.
+fn check_outputs(manifest: &Manifest, outputs: &[types::Artifact]) -> Result<(), Error> {
+    let mut seen = BTreeSet::new();
+    for o in outputs {
+        if !manifest.outputs.contains(&o.name) {
+            return Err(Error::fatal(format!("output `{}` is not declared", o.name)));
+        }
+        if !seen.insert(o.name.as_str()) {
+            return Err(Error::fatal(format!(
+                "output `{}` was returned twice",
+                o.name
+            )));
+        }
+    }
+    match manifest.outputs.iter().find(|n| !seen.contains(n.as_str())) {
+        Some(missing) => Err(Error::fatal(format!(
+            "declared output `{missing}` was not returned"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The host side of a simulated attempt.
+#[doc(hidden)]
+pub struct SimHost {
+    model: ModelFn,
+    /// (prompt, answer) by call index: what the runtime journals.
+    journal: Vec<(String, String)>,
+    grant_model: bool,
+    grant_log: bool,
+    attempt: u32,
+    next_call: usize,
+    calls: Vec<ModelCall>,
+    logs: Vec<(Level, String)>,
+    /// A failure the stage cannot swallow (non-determinism, an unavailable
+    /// backend), as in the runtime.
+    host_failure: Option<Error>,
+}
+
+impl SimHost {
+    fn begin(&mut self, attempt: u32) {
+        self.attempt = attempt;
+        self.next_call = 0;
+    }
+
+    fn end(&mut self) -> (Vec<ModelCall>, Vec<(Level, String)>, Option<Error>) {
+        (
+            std::mem::take(&mut self.calls),
+            std::mem::take(&mut self.logs),
+            self.host_failure.take(),
+        )
+    }
+
+    pub(crate) fn log(&mut self, level: Level, message: &str) {
+        if self.grant_log {
+            self.logs.push((level, message.to_string()));
+        }
+    }
+
+    pub(crate) fn generate(&mut self, prompt: &str) -> Result<String, ModelError> {
+        let result = self.answer(prompt);
+        let replayed = self.next_call < self.journal.len() && result.is_ok();
+        self.calls.push(ModelCall {
+            prompt: prompt.to_string(),
+            answer: result.clone().map_err(|e| format!("{e:?}")),
+            replayed,
+        });
+        if result.is_ok() && !replayed {
+            self.journal
+                .push((prompt.to_string(), result.clone().unwrap_or_default()));
+        }
+        self.next_call += 1;
+        result
+    }
+
+    fn answer(&mut self, prompt: &str) -> Result<String, ModelError> {
+        if !self.grant_model {
+            return Err(ModelError::AccessDenied(
+                "the manifest does not ask for the `model` capability".into(),
+            ));
+        }
+        if let Some((recorded, answer)) = self.journal.get(self.next_call) {
+            if recorded != prompt {
+                let message = format!(
+                    "non-determinism: model call #{} asked {prompt:?} but an earlier attempt asked {recorded:?}",
+                    self.next_call
+                );
+                self.host_failure = Some(Error::fatal(message.clone()));
+                return Err(ModelError::Rejected(message));
+            }
+            return Ok(answer.clone());
+        }
+        let answer = (self.model)(self.attempt, prompt);
+        if let Err(ModelError::Unavailable(m)) = &answer {
+            self.host_failure = Some(Error::retryable(format!("model unavailable: {m}")));
+        }
+        answer
+    }
+}

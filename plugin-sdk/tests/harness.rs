@@ -1,0 +1,121 @@
+//! The native test harness, on the stage shapes plugin authors get wrong.
+
+use ratchet_plugin_sdk::testing::{Harness, Outcome};
+use ratchet_plugin_sdk::{Context, Error, Inputs, ModelError, Outputs, Stage};
+
+/// A stage whose output is the model's answer: non-deterministic.
+struct Draft;
+
+impl Stage for Draft {
+    const MANIFEST: &'static str = r#"
+        name = "draft"
+        version = "1.0.0"
+        inputs = ["topic"]
+        outputs = ["draft"]
+        capabilities = ["model", "log"]
+    "#;
+
+    fn run(ctx: &Context, inputs: &Inputs) -> Result<Outputs, Error> {
+        let answer = ctx.generate(&format!("Announce {}", inputs.text("topic")?))?;
+        ctx.info(&format!("attempt {} drafted", ctx.attempt()));
+        Ok(Outputs::new().text("draft", answer))
+    }
+}
+
+/// Seen failing with the journal switched off in `SimHost::answer` (every
+/// attempt asks the model afresh): the committed draft is then attempt 2's.
+#[test]
+fn a_retry_after_a_crash_commits_the_journaled_answer() {
+    let report = Harness::<Draft>::new()
+        .input_text("topic", "Ratchet")
+        .model(|attempt, _| Ok(format!("answer of attempt {attempt}")))
+        .crash_after_attempt(1)
+        .run();
+    assert_eq!(report.attempts.len(), 2);
+    assert_eq!(report.attempts[0].outcome, Outcome::Crashed);
+    assert_eq!(report.attempts[1].outcome, Outcome::Committed);
+    assert!(report.attempts[1].model_calls[0].replayed);
+    assert_eq!(report.text("draft"), "answer of attempt 1");
+    assert_eq!(report.attempts[1].logs.len(), 1, "log is granted");
+}
+
+/// Asks a question that changes between attempts.
+struct AttemptInPrompt;
+
+impl Stage for AttemptInPrompt {
+    const MANIFEST: &'static str = r#"
+        name = "attempt-in-prompt"
+        version = "1.0.0"
+        outputs = ["draft"]
+        capabilities = ["model"]
+    "#;
+
+    fn run(ctx: &Context, _: &Inputs) -> Result<Outputs, Error> {
+        let answer = ctx.generate(&format!("attempt {}", ctx.attempt()))?;
+        Ok(Outputs::new().text("draft", answer))
+    }
+}
+
+#[test]
+fn a_question_that_changes_between_attempts_fails_the_stage() {
+    let report = Harness::<AttemptInPrompt>::new()
+        .crash_after_attempt(1)
+        .run();
+    assert!(report.committed.is_none());
+    let failure = report.failure().expect("the stage failed");
+    assert!(!failure.retryable, "{failure}");
+    assert!(failure.message.contains("non-determinism"), "{failure}");
+}
+
+#[test]
+fn an_unavailable_model_is_retried_and_a_later_answer_commits() {
+    let report = Harness::<Draft>::new()
+        .input_text("topic", "Ratchet")
+        .model(|attempt, _| match attempt {
+            1 => Err(ModelError::Unavailable("429 rate limited".into())),
+            n => Ok(format!("answer of attempt {n}")),
+        })
+        .run();
+    assert!(matches!(&report.attempts[0].outcome, Outcome::Failed(e) if e.retryable));
+    assert_eq!(report.text("draft"), "answer of attempt 2");
+}
+
+/// Returns an output its manifest does not declare, and calls the model
+/// without asking for it.
+struct Sloppy;
+
+impl Stage for Sloppy {
+    const MANIFEST: &'static str = r#"
+        name = "sloppy"
+        version = "1.0.0"
+        outputs = ["draft"]
+    "#;
+
+    fn run(ctx: &Context, _: &Inputs) -> Result<Outputs, Error> {
+        ctx.info("dropped: log is not granted");
+        let model = ctx.generate("hello").map_err(|e| e.message).err();
+        Ok(Outputs::new()
+            .text("draft", model.unwrap_or_default())
+            .text("extra", "not declared"))
+    }
+}
+
+#[test]
+fn the_output_contract_and_capabilities_are_enforced() {
+    let report = Harness::<Sloppy>::new().run();
+    assert_eq!(report.attempts.len(), 1, "a contract breach is fatal");
+    let attempt = &report.attempts[0];
+    assert!(attempt.logs.is_empty());
+    assert!(
+        attempt.model_calls[0]
+            .answer
+            .as_ref()
+            .is_err_and(|e| e.contains("AccessDenied")),
+        "{attempt:?}"
+    );
+    let failure = report.failure().expect("fatal");
+    assert!(
+        failure.message.contains("`extra` is not declared"),
+        "{failure}"
+    );
+}

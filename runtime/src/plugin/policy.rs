@@ -1,0 +1,273 @@
+//! The operator's policy: which host capabilities plugins may be granted and
+//! how far a manifest may raise its limits. Registration refuses a plugin the
+//! policy does not admit; workers clamp limits to the caps and deny
+//! capabilities the policy no longer grants, so a tightened policy applies to
+//! plugins registered before it.
+
+use std::collections::BTreeSet;
+
+use serde::Deserialize;
+
+use crate::manifest::{Capability, Limits, ManifestError, PluginManifest, Source};
+
+/// Defaults for limits a manifest leaves unset.
+pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_MEMORY_MB: u64 = 256;
+pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
+pub const DEFAULT_MAX_HOST_CALLS: u64 = 100_000;
+
+/// The WIT interfaces behind each capability, as a component names them.
+const CAPABILITY_IMPORTS: [(&str, Capability); 2] = [
+    ("ratchet:stage/log@0.1.0", Capability::Log),
+    ("ratchet:stage/model@0.1.0", Capability::Model),
+];
+
+/// Imports every stage may use: the shared types and the WASI interfaces,
+/// which the sandbox links with no files, sockets, environment or clocks
+/// beyond the host's defaults.
+fn is_base_import(name: &str) -> bool {
+    name.starts_with("ratchet:stage/types@") || name.starts_with("wasi:")
+}
+
+/// Upper bounds on what a manifest may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Caps {
+    pub timeout_ms: u64,
+    pub memory_mb: u64,
+    pub max_output_bytes: u64,
+    pub max_host_calls: u64,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Self {
+            timeout_ms: 10 * 60_000,
+            memory_mb: 4096,
+            max_output_bytes: 256 * 1024 * 1024,
+            max_host_calls: 10_000_000,
+        }
+    }
+}
+
+/// Limits in force for one attempt: the manifest's, defaulted, then capped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EffectiveLimits {
+    pub timeout_ms: u64,
+    pub memory_mb: u64,
+    pub max_output_bytes: u64,
+    pub max_host_calls: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(default = "all_grants")]
+    grants: Vec<Capability>,
+    #[serde(default)]
+    caps: Caps,
+}
+
+fn all_grants() -> Vec<Capability> {
+    vec![Capability::Log, Capability::Model]
+}
+
+/// See the module documentation. `Policy::default()` grants every capability
+/// with generous caps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    grants: BTreeSet<Capability>,
+    pub caps: Caps,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            grants: all_grants().into_iter().collect(),
+            caps: Caps::default(),
+        }
+    }
+}
+
+impl Policy {
+    /// Parses a policy file (see README, "Operator policy").
+    pub fn parse(file: &str, text: &str) -> Result<Self, ManifestError> {
+        let raw: RawPolicy = Source { file, text }.parse()?;
+        Ok(Self {
+            grants: raw.grants.into_iter().collect(),
+            caps: raw.caps,
+        })
+    }
+
+    pub fn with_grants(mut self, grants: impl IntoIterator<Item = Capability>) -> Self {
+        self.grants = grants.into_iter().collect();
+        self
+    }
+
+    pub fn with_caps(mut self, caps: Caps) -> Self {
+        self.caps = caps;
+        self
+    }
+
+    /// Whether an attempt of this plugin may use `capability`: its manifest
+    /// asks for it and this policy grants it.
+    pub fn grants(&self, manifest: &PluginManifest, capability: Capability) -> bool {
+        manifest.capabilities.contains(&capability) && self.grants.contains(&capability)
+    }
+
+    pub fn limits(&self, limits: &Limits) -> EffectiveLimits {
+        let caps = &self.caps;
+        EffectiveLimits {
+            timeout_ms: limits
+                .timeout_ms
+                .unwrap_or(DEFAULT_TIMEOUT_MS)
+                .min(caps.timeout_ms),
+            memory_mb: limits
+                .memory_mb
+                .unwrap_or(DEFAULT_MEMORY_MB)
+                .min(caps.memory_mb),
+            max_output_bytes: limits
+                .max_output_bytes
+                .unwrap_or(DEFAULT_MAX_OUTPUT_BYTES)
+                .min(caps.max_output_bytes),
+            max_host_calls: limits
+                .max_host_calls
+                .unwrap_or(DEFAULT_MAX_HOST_CALLS)
+                .min(caps.max_host_calls),
+        }
+    }
+
+    /// The registration check: every import is one the host provides and
+    /// the manifest asks for, every capability asked for is granted, and no
+    /// limit is over its cap. The error is one sentence naming the culprit.
+    pub fn admit(&self, manifest: &PluginManifest, imports: &[String]) -> Result<(), String> {
+        for import in imports {
+            match CAPABILITY_IMPORTS.iter().find(|(name, _)| name == import) {
+                Some((_, capability)) if !manifest.capabilities.contains(capability) => {
+                    let cap = capability.name();
+                    return Err(format!(
+                        "the component imports `{import}` but its manifest does not ask for the `{cap}` capability; add `capabilities = [\"{cap}\"]` to the manifest"
+                    ));
+                }
+                Some(_) => {}
+                None if is_base_import(import) => {}
+                None => {
+                    return Err(format!(
+                        "the component imports `{import}`, which Ratchet does not provide to stages (provided: WASI 0.2 and {})",
+                        CAPABILITY_IMPORTS
+                            .map(|(name, _)| format!("`{name}`"))
+                            .join(", ")
+                    ));
+                }
+            }
+        }
+        if let Some(denied) = manifest
+            .capabilities
+            .iter()
+            .find(|c| !self.grants.contains(c))
+        {
+            let granted: Vec<&str> = self.grants.iter().map(|c| c.name()).collect();
+            return Err(format!(
+                "the plugin asks for the `{}` capability, which the operator's policy does not grant (granted: [{}])",
+                denied.name(),
+                granted.join(", ")
+            ));
+        }
+        let asked = &manifest.limits;
+        let caps = &self.caps;
+        let checks = [
+            ("timeout_ms", asked.timeout_ms, caps.timeout_ms),
+            ("memory_mb", asked.memory_mb, caps.memory_mb),
+            (
+                "max_output_bytes",
+                asked.max_output_bytes,
+                caps.max_output_bytes,
+            ),
+            ("max_host_calls", asked.max_host_calls, caps.max_host_calls),
+        ];
+        for (field, asked, cap) in checks {
+            if let Some(asked) = asked.filter(|a| *a > cap) {
+                return Err(format!(
+                    "limits.{field} = {asked} is over the operator's cap of {cap}; lower it in the manifest or raise caps.{field} in the policy"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(extra: &str) -> PluginManifest {
+        let text = format!("name = \"p\"\nversion = \"1.0.0\"\noutputs = [\"o\"]\n{extra}");
+        PluginManifest::parse("plugin.toml", &text).expect("valid manifest")
+    }
+
+    fn imports(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn an_import_the_manifest_does_not_ask_for_is_named() {
+        let err = Policy::default()
+            .admit(&manifest(""), &imports(&["ratchet:stage/model@0.1.0"]))
+            .expect_err("model imported without asking");
+        assert!(err.contains("`ratchet:stage/model@0.1.0`"), "{err}");
+        assert!(err.contains("capabilities = [\"model\"]"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_import_is_named() {
+        let err = Policy::default()
+            .admit(&manifest(""), &imports(&["acme:secrets/vault@1.0.0"]))
+            .expect_err("unknown import");
+        assert!(err.contains("`acme:secrets/vault@1.0.0`"), "{err}");
+    }
+
+    #[test]
+    fn a_capability_the_operator_withholds_is_refused() {
+        let policy = Policy::default().with_grants([Capability::Log]);
+        let m = manifest("capabilities = [\"model\"]");
+        let err = policy
+            .admit(&m, &imports(&["ratchet:stage/model@0.1.0"]))
+            .expect_err("model not granted");
+        assert!(err.contains("`model` capability"), "{err}");
+        assert!(!policy.grants(&m, Capability::Model));
+        assert!(Policy::default().grants(&m, Capability::Model));
+    }
+
+    #[test]
+    fn limits_over_a_cap_are_refused_and_clamped() {
+        let policy = Policy::default().with_caps(Caps {
+            memory_mb: 64,
+            ..Caps::default()
+        });
+        let m = manifest("[limits]\nmemory_mb = 512");
+        let err = policy.admit(&m, &[]).expect_err("over the cap");
+        assert!(err.contains("limits.memory_mb = 512"), "{err}");
+        assert_eq!(policy.limits(&m.limits).memory_mb, 64);
+        assert_eq!(policy.limits(&Limits::default()).memory_mb, 64);
+        assert_eq!(
+            Policy::default().limits(&Limits::default()).timeout_ms,
+            DEFAULT_TIMEOUT_MS
+        );
+    }
+
+    #[test]
+    fn a_policy_file_is_strict() {
+        let p = Policy::parse(
+            "policy.toml",
+            "grants = [\"log\"]\n[caps]\nmemory_mb = 128\n",
+        )
+        .expect("valid policy");
+        assert_eq!(p.caps.memory_mb, 128);
+        assert_eq!(p.caps.timeout_ms, Caps::default().timeout_ms);
+        let err = Policy::parse("policy.toml", "grants = [\"log\"]\n[caps]\nmemroy_mb = 1\n")
+            .expect_err("typo");
+        assert_eq!(err.line, Some(3), "{err}");
+        let err = Policy::parse("policy.toml", "grants = [\"files\"]\n").expect_err("unknown");
+        assert_eq!(err.line, Some(1), "{err}");
+    }
+}

@@ -1,0 +1,215 @@
+//! The OpenAI-compatible model backend against a real HTTP server on
+//! 127.0.0.1 that answers in the chat-completions format, including rate
+//! limits, server errors and a server that never answers.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use ratchet_runtime::crash::CRASH_EXIT_CODE;
+use ratchet_runtime::model::{ModelBackend, ModelError, ModelRequest, OpenAiConfig, OpenAiModel};
+use ratchet_tests::{Backend, DEMO_PLUGINS, Harness, output, ratchet};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
+
+/// What the server does with the next request.
+#[derive(Debug, Clone)]
+enum Reply {
+    Answer(&'static str),
+    Status(u16),
+    /// Never answers.
+    Hang,
+}
+
+#[derive(Default)]
+struct Script {
+    replies: Mutex<VecDeque<Reply>>,
+    seen: Mutex<Vec<(Option<String>, Value)>>,
+}
+
+async fn chat(
+    State(script): State<Arc<Script>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    script.seen.lock().expect("seen").push((auth, body));
+    let reply = script.replies.lock().expect("replies").pop_front();
+    match reply.unwrap_or(Reply::Status(503)) {
+        Reply::Answer(text) => (
+            StatusCode::OK,
+            Json(json!({
+                "id": "chatcmpl-test",
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            })),
+        ),
+        Reply::Status(code) => (
+            StatusCode::from_u16(code).expect("status"),
+            Json(json!({"error": {"message": format!("scripted {code}")}})),
+        ),
+        Reply::Hang => std::future::pending().await,
+    }
+}
+
+/// Starts the server; returns its base URL (up to `/v1`) and its script.
+async fn server(replies: &[Reply]) -> (String, Arc<Script>) {
+    let script = Arc::new(Script::default());
+    script
+        .replies
+        .lock()
+        .expect("replies")
+        .extend(replies.iter().cloned());
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .with_state(script.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}/v1"), script)
+}
+
+fn client(base_url: &str, timeout: Duration) -> OpenAiModel {
+    OpenAiModel::new(OpenAiConfig {
+        base_url: base_url.to_string(),
+        model: "test-model".into(),
+        api_key: Some("sk-test".into()),
+        timeout,
+    })
+    .expect("client")
+}
+
+fn request(prompt: &str) -> ModelRequest {
+    ModelRequest {
+        prompt: prompt.into(),
+        max_tokens: Some(64),
+    }
+}
+
+#[tokio::test]
+async fn a_chat_completion_is_asked_and_answered() {
+    let (url, script) = server(&[Reply::Answer("Ratchet 1.0 ships")]).await;
+    let model = client(&url, Duration::from_secs(30));
+    let answer = model.generate(&request("Write a headline")).await;
+    assert_eq!(answer, Ok("Ratchet 1.0 ships".to_string()));
+    let seen = script.seen.lock().expect("seen");
+    let (auth, body) = &seen[0];
+    assert_eq!(auth.as_deref(), Some("Bearer sk-test"));
+    assert_eq!(body["model"], "test-model");
+    assert_eq!(body["messages"][0]["role"], "user");
+    assert_eq!(body["messages"][0]["content"], "Write a headline");
+    assert_eq!(body["max_tokens"], 64);
+}
+
+#[tokio::test]
+async fn rate_limits_and_server_errors_may_pass_bad_requests_will_not() {
+    let replies = [
+        Reply::Status(429),
+        Reply::Status(500),
+        Reply::Status(400),
+        Reply::Status(401),
+    ];
+    let (url, _script) = server(&replies).await;
+    let model = client(&url, Duration::from_secs(30));
+    for expected in ["429", "500"] {
+        match model.generate(&request("q")).await {
+            Err(ModelError::Unavailable(m)) => assert!(m.contains(expected), "{m}"),
+            other => panic!("HTTP {expected} must be retryable: {other:?}"),
+        }
+    }
+    for expected in ["400", "401"] {
+        match model.generate(&request("q")).await {
+            Err(ModelError::Rejected(m)) => assert!(m.contains(expected), "{m}"),
+            other => panic!("HTTP {expected} must be fatal: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_times_out_retryably() {
+    let (url, _script) = server(&[Reply::Hang]).await;
+    let model = client(&url, Duration::from_millis(200));
+    match model.generate(&request("q")).await {
+        Err(ModelError::Unavailable(m)) => assert!(m.contains("no answer within 200 ms"), "{m}"),
+        other => panic!("a timeout must be retryable: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_bad_base_url_is_refused_up_front() {
+    let err = OpenAiModel::new(OpenAiConfig {
+        base_url: "ftp://models.example".into(),
+        model: "m".into(),
+        api_key: None,
+        timeout: Duration::from_secs(1),
+    })
+    .expect_err("ftp is not http");
+    assert!(err.to_string().contains("ftp://models.example"), "{err}");
+}
+
+/// A real worker process on the OpenAI backend is killed right after the
+/// draft's answer is journaled; the server would answer the retry
+/// differently, but the retry never asks: the run continues from the
+/// journaled, canonical answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_journaled_so_a_retry_never_asks_again() {
+    let replies = [
+        Reply::Answer("the first answer"),
+        Reply::Answer("a second, different answer"),
+    ];
+    let (url, script) = server(&replies).await;
+    let h = Harness::new().await;
+    h.register(&DEMO_PLUGINS).await;
+    let run = h.submit_demo().await;
+    let worker = |id: &str| {
+        let mut cmd = ratchet(BIN, &h.url);
+        cmd.args(["--model", "openai", "--model-url", &url])
+            .args(["--model-name", "test-model", "worker", "--until-idle"])
+            .args(["--lease-ms", "300", "--worker-id", id])
+            .env("RATCHET_MODEL_API_KEY", "sk-test");
+        cmd
+    };
+    let mut doomed = worker("doomed");
+    doomed.env("FAILPOINTS", "after_model_call=return(exit)");
+    let out = output(doomed).await;
+    assert_eq!(out.status.code(), Some(CRASH_EXIT_CODE), "{out:?}");
+    let out = output(worker("survivor")).await;
+    assert!(out.status.success(), "{out:?}");
+
+    h.assert_demo_run_converged(&run).await;
+    let draft = h
+        .store
+        .artifact_get(&run, "draft", "draft")
+        .await
+        .expect("artifact")
+        .expect("draft");
+    assert_eq!(draft.bytes, b"the first answer");
+    assert_eq!(script.seen.lock().expect("seen").len(), 1, "asked once");
+}
+
+#[tokio::test]
+async fn the_cli_refuses_a_bad_model_url_in_one_line() {
+    let h = Harness::on(
+        Backend::Sqlite,
+        Arc::new(ratchet_runtime::clock::SystemClock),
+    )
+    .await
+    .expect("sqlite");
+    let mut cmd = ratchet(BIN, &h.url);
+    cmd.args(["--model", "openai", "--model-url", "not a url", "status"]);
+    let out = output(cmd).await;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("`not a url`"), "{stderr}");
+}

@@ -1,0 +1,136 @@
+//! A stage written in Python (componentize-py, `plugins/python/headline`)
+//! beside Rust stages: a real worker process dies right after the Python
+//! stage's model call; the restarted worker replays the journaled answer and
+//! the pipeline continues from the stored canonical headline. The 18 MB
+//! component is compiled once and loaded precompiled afterwards.
+
+use std::sync::Arc;
+
+use ratchet_runtime::clock::SystemClock;
+use ratchet_runtime::crash::CRASH_EXIT_CODE;
+use ratchet_runtime::digest::sha256_hex;
+use ratchet_runtime::model::StochasticModel;
+use ratchet_runtime::plugin::{HostConfig, PluginHost};
+use ratchet_runtime::registry;
+use ratchet_tests::{Backend, Harness, output, ratchet, shared_component_cache};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
+
+const PIPELINE: &str = r#"
+name = "python-beside-rust"
+[[stage]]
+name = "draft"
+plugin = "draft@^1"
+inputs = { topic = "$input" }
+
+[[stage]]
+name = "headline"
+plugin = "headline@^1"
+inputs = { draft = "draft.draft" }
+
+[[stage]]
+name = "verify"
+plugin = "verify@^1"
+inputs = { draft = "headline.headline" }
+"#;
+
+/// The component built by `tests/build.rs`, or `None` (a skip, or a
+/// failure under `CI=true`) when componentize-py is not installed.
+fn headline_component() -> Option<Vec<u8>> {
+    let path = env!("RATCHET_PYTHON_HEADLINE");
+    if path.is_empty() {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        assert!(!ci, "CI=true and componentize-py is not installed");
+        eprintln!(
+            "skipping the Python stage test: pip install componentize-py==0.25.1, then rebuild"
+        );
+        return None;
+    }
+    Some(std::fs::read(path).expect("built Python component"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_stage_survives_a_crash_after_its_model_call() {
+    let Some(component) = headline_component() else {
+        return;
+    };
+    let h = Harness::on(Backend::Sqlite, Arc::new(SystemClock))
+        .await
+        .expect("sqlite");
+    h.register(&["draft", "verify"]).await;
+    let headline = registry::plugin_register(&h.store, &h.host, component, h.clock.as_ref())
+        .await
+        .expect("the Python stage registers");
+    assert_eq!(headline.manifest.name, "headline");
+    let run = h.submit(PIPELINE, b"Python stages").await;
+
+    // The first model call (draft's) passes; the second, the Python
+    // stage's, is journaled and then the process dies.
+    let mut doomed = ratchet(BIN, &h.url);
+    doomed
+        .args(["worker", "--until-idle", "--concurrency", "1"])
+        .args(["--lease-ms", "300", "--worker-id", "doomed"])
+        .env("FAILPOINTS", "after_model_call=1*off->return(exit)");
+    let out = output(doomed).await;
+    assert_eq!(out.status.code(), Some(CRASH_EXIT_CODE), "{out:?}");
+    assert_eq!(h.run_state(&run).await, "running");
+    let journaled = h
+        .store
+        .model_call_get(&run, "headline", 0)
+        .await
+        .expect("journal")
+        .expect("the Python stage's answer was journaled before the crash");
+
+    let mut survivor = ratchet(BIN, &h.url);
+    survivor.args(["worker", "--until-idle", "--worker-id", "survivor"]);
+    let out = output(survivor).await;
+    assert!(out.status.success(), "{out:?}");
+
+    assert_eq!(h.run_state(&run).await, "succeeded");
+    let stored = h
+        .store
+        .artifact_get(&run, "headline", "headline")
+        .await
+        .expect("artifact")
+        .expect("headline committed");
+    assert_eq!(
+        stored.bytes,
+        journaled.response.as_bytes(),
+        "the retry continued from the journaled answer"
+    );
+    let attempts = h.store.attempt_list(&run).await.expect("attempts");
+    let headline_job = h
+        .store
+        .job_list(&run)
+        .await
+        .expect("jobs")
+        .into_iter()
+        .find(|j| j.stage == "headline")
+        .expect("headline job");
+    let tries = attempts.iter().filter(|a| a.job_id == headline_job.id);
+    assert_eq!(tries.count(), 2, "one crashed attempt, one retry");
+    assert_eq!(
+        h.json(&run, "verify", "report").await["draft_sha256"],
+        sha256_hex(&stored.bytes).as_str(),
+        "verify (Rust) read the stored Python output"
+    );
+    let report = h.audit().await;
+    assert!(report.is_clean(), "audit: {:#?}", report.violations);
+
+    // A new worker loads the large component precompiled, as the worker
+    // processes above did.
+    let config = HostConfig {
+        cache_dir: Some(shared_component_cache()),
+        ..HostConfig::default()
+    };
+    let fresh = PluginHost::new(
+        h.store.clone(),
+        Arc::new(StochasticModel),
+        h.clock.clone(),
+        config,
+    )
+    .expect("plugin host");
+    fresh.load(&headline.digest).await.expect("load");
+    let stats = fresh.compile_stats();
+    assert_eq!((stats.compiled, stats.from_disk), (0, 1), "{stats:?}");
+}

@@ -21,6 +21,19 @@ pub const PLUGINS: [(&str, &[u8]); 4] = [
     ),
 ];
 
+/// The trivial stages `ratchet bench` runs: `pass` (input `in` to output
+/// `out`) and `noop` (no inputs, output `out`).
+pub const BENCH_PLUGINS: [(&str, &[u8]); 2] = [
+    (
+        "pass",
+        include_bytes!(concat!(env!("OUT_DIR"), "/plugins/pass.wasm")),
+    ),
+    (
+        "noop",
+        include_bytes!(concat!(env!("OUT_DIR"), "/plugins/noop.wasm")),
+    ),
+];
+
 /// The demo pipeline (`plugins/demo.toml`).
 pub const DEMO_PIPELINE: &str = include_str!("../../plugins/demo.toml");
 

@@ -2,6 +2,7 @@
 //! components. See README.md for the three invariants it keeps.
 
 pub mod audit;
+pub mod bench;
 pub mod bundled;
 pub mod cli;
 pub mod clock;

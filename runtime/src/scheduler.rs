@@ -100,11 +100,26 @@ pub struct Finished {
     pub report: ExecReport,
 }
 
+/// A stage implemented in Rust instead of Wasm, for `ratchet bench` only:
+/// it measures the Wasm overhead by running the same pipeline without it.
+pub trait NativeStage: Send + Sync {
+    fn run(&self, inputs: Vec<Payload>) -> Result<Vec<Payload>, ExecError>;
+}
+
+/// Told when a commit released stages and when a job was claimed, for
+/// `ratchet bench`'s release-latency figure.
+pub trait SchedulerProbe: Send + Sync {
+    fn released(&self, run_id: &str, stages: &[String]);
+    fn claimed(&self, job: &ClaimedJob);
+}
+
 pub struct Scheduler {
     store: Arc<dyn Store>,
     host: Arc<PluginHost>,
     clock: Arc<dyn Clock>,
     config: SchedulerConfig,
+    native: Option<Arc<dyn NativeStage>>,
+    probe: Option<Arc<dyn SchedulerProbe>>,
 }
 
 impl Scheduler {
@@ -119,7 +134,20 @@ impl Scheduler {
             host,
             clock,
             config,
+            native: None,
+            probe: None,
         }
+    }
+
+    /// Runs every stage with `native` instead of its Wasm plugin (bench only).
+    pub fn with_native(mut self, native: Arc<dyn NativeStage>) -> Self {
+        self.native = Some(native);
+        self
+    }
+
+    pub fn with_probe(mut self, probe: Arc<dyn SchedulerProbe>) -> Self {
+        self.probe = Some(probe);
+        self
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -141,7 +169,10 @@ impl Scheduler {
                 only_job,
             })
             .await?;
-        if claimed.is_some() {
+        if let Some(job) = &claimed {
+            if let Some(probe) = &self.probe {
+                probe.claimed(job);
+            }
             crash::point("after_claim");
         }
         Ok(claimed)
@@ -170,6 +201,13 @@ impl Scheduler {
                 name: input.input,
                 media_type: artifact.meta.media_type,
                 bytes: artifact.bytes,
+            });
+        }
+        if let Some(native) = &self.native {
+            return Ok(Execution {
+                input_digests,
+                result: native.run(inputs),
+                report: ExecReport::default(),
             });
         }
         let plugin = match self.host.load(&job.plugin_digest).await {
@@ -231,6 +269,9 @@ impl Scheduler {
                 };
                 match self.store.job_complete(complete).await? {
                     CompleteOutcome::Completed { outputs, released } => {
+                        if let Some(probe) = &self.probe {
+                            probe.released(&job.run_id, &released);
+                        }
                         crash::point("after_commit");
                         AttemptOutcome::Succeeded { outputs, released }
                     }

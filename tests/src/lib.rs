@@ -120,6 +120,7 @@ impl Harness {
     pub async fn on(backend: Backend, clock: Arc<dyn Clock>) -> Option<Self> {
         let config = HostConfig {
             cache_dir: Some(shared_component_cache()),
+            pooling: Some(32),
             ..HostConfig::default()
         };
         Self::configured(backend, clock, Arc::new(StochasticModel), config).await

@@ -1,6 +1,7 @@
 //! The `ratchet` command line. Bad input gets one line on stderr and exit
 //! code 2; a failed audit exits 1.
 
+mod bench;
 mod demo;
 mod inspect;
 
@@ -154,6 +155,32 @@ pub enum Command {
     },
     /// Repair continuations that slipped (expired leases, edge counts).
     Reconcile,
+    /// Measure Ratchet against the raw limit of its database, in one run
+    /// (scratch databases; `--db` is not touched). See BENCHMARKS.md.
+    Bench {
+        /// Every scenario at a small size, in seconds (what CI runs).
+        #[arg(long)]
+        smoke: bool,
+        /// Also measure on this PostgreSQL server, in scratch schemas that
+        /// are dropped afterwards.
+        #[arg(long, env = "RATCHET_BENCH_POSTGRES")]
+        postgres: Option<String>,
+        /// Runs of the chain pipeline (scenarios 2 and 5).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        runs: Option<u64>,
+        /// Stages per chain run.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        chain: Option<u64>,
+        /// Worker tasks, and clients for the raw limit.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
+        workers: Option<u64>,
+        /// Stages of the large fan-out (the small one is a tenth).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(10..=100_000))]
+        fanout: Option<u64>,
+        /// Print JSON keyed by backend instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Pin a stage of a running run that has not started yet to another
     /// registered version of its plugin.
     Upgrade {
@@ -336,10 +363,18 @@ fn host_config(cli: &Cli) -> Result<HostConfig> {
         (!path.is_empty() && !path.contains(":memory:"))
             .then(|| PathBuf::from(format!("{path}.components")))
     });
+    // The pooling allocator halves the per-attempt cost of instantiating
+    // (runtime/benches/instantiate.rs); size it for the attempts a command
+    // runs at once, with room for `describe` calls while plugins load.
+    let pooling = match &cli.command {
+        Command::Worker { concurrency, .. } => Some(concurrency.saturating_mul(2) + 16),
+        Command::Demo { .. } => Some(32),
+        _ => None,
+    };
     Ok(HostConfig {
         policy,
         cache_dir,
-        ..HostConfig::default()
+        pooling,
     })
 }
 
@@ -373,6 +408,28 @@ pub fn default_worker_id() -> String {
 }
 
 async fn dispatch(cli: Cli) -> Result<ExitCode> {
+    if let Command::Bench {
+        smoke,
+        postgres,
+        runs,
+        chain,
+        workers,
+        fanout,
+        json,
+    } = &cli.command
+    {
+        let size = |v: &Option<u64>| v.map(|v| v as usize);
+        let args = bench::BenchArgs {
+            smoke: *smoke,
+            postgres: postgres.clone(),
+            runs: size(runs),
+            chain: size(chain),
+            workers: size(workers),
+            fanout: size(fanout),
+            json: *json,
+        };
+        return bench::run(args).await;
+    }
     if let Command::Plugin(PluginCommand::Add { file }) = &cli.command {
         // Read the file before opening (and perhaps creating) the database.
         if !file.is_file() {
@@ -491,6 +548,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             println!("stage `{stage}` of run {run} now runs version {to} ({digest})");
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bench { .. } => Err(anyhow::anyhow!(
+            "`bench` runs on scratch databases and is dispatched before `--db` is opened"
+        )),
         Command::Reconcile => {
             let report = env.store.reconcile(env.clock.now_ms()).await?;
             println!("{}", serde_json::to_string(&report)?);

@@ -266,7 +266,11 @@ impl PluginHost {
             .component_type()
             .imports(&self.engine)
             .map(|(name, _)| name.to_string())
-            .collect();
+            .collect::<Vec<_>>();
+        // Said before linking fails on it, in Ratchet's words.
+        if let Some(refusal) = policy::unprovided_import(&imports) {
+            return Err(PluginError::NotAdmitted(refusal));
+        }
         let instance_pre = self
             .linker
             .instantiate_pre(&component)

@@ -29,6 +29,17 @@ fn is_base_import(name: &str) -> bool {
     name.starts_with("ratchet:stage/types@") || name.starts_with("wasi:")
 }
 
+/// The first import the host cannot provide to any stage, as a refusal.
+pub fn unprovided_import(imports: &[String]) -> Option<String> {
+    let known = |i: &String| is_base_import(i) || CAPABILITY_IMPORTS.iter().any(|(n, _)| n == i);
+    imports.iter().find(|i| !known(i)).map(|import| {
+        format!(
+            "the component imports `{import}`, which Ratchet does not provide to stages (provided: WASI 0.2 and {})",
+            CAPABILITY_IMPORTS.map(|(name, _)| format!("`{name}`")).join(", ")
+        )
+    })
+}
+
 /// Upper bounds on what a manifest may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]

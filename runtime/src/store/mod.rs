@@ -65,7 +65,7 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// Implements `Store` for a backend: each method forwards to the function
 /// of the same concern in the backend's own modules
-/// (`plugins`, `runs`, `jobs`, `artifacts`, `audit`), which own the SQL;
+/// (`plugins`, `runs`, `jobs`, `artifacts`, `audit`, `bench`), which own the SQL;
 /// extra trait items (like `listen_ready`) are added as given.
 macro_rules! impl_store {
     ($store:ty { $($extra:item)* }) => {
@@ -151,6 +151,9 @@ macro_rules! impl_store {
             }
             async fn audit_facts(&self) -> Result<AuditFacts> {
                 audit::facts(self).await
+            }
+            async fn bench_raw_completion(&self, r: RawCompletion) -> Result<()> {
+                bench::raw_completion(self, r).await
             }
             $($extra)*
         }
@@ -245,6 +248,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Everything the invariant audit reads.
     async fn audit_facts(&self) -> Result<AuditFacts>;
+
+    /// One transaction shaped like a completion (canonical artifact insert,
+    /// job update, outbox row) with none of Ratchet's logic: the raw limit
+    /// `ratchet bench` compares against.
+    async fn bench_raw_completion(&self, r: RawCompletion) -> Result<()>;
 
     /// Calls `wake.notify_waiters()` whenever another process makes a job
     /// ready, for backends that can tell (Postgres `LISTEN`); workers still

@@ -431,3 +431,11 @@ pub struct RunEvent {
     pub detail: String,
     pub at: i64,
 }
+
+/// One transaction of the completion's statement shape, for the raw limit
+/// `ratchet bench` measures.
+#[derive(Debug, Clone)]
+pub struct RawCompletion {
+    pub job_id: i64,
+    pub artifact: ArtifactPut,
+}

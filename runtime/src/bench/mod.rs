@@ -1,0 +1,206 @@
+//! `ratchet bench`: Ratchet measured against the raw limit of its own
+//! database in the same run, so figures from a noisy shared machine are
+//! read as ratios. Each backend gets a scratch database (a temporary SQLite
+//! file; a fresh Postgres schema, dropped afterwards).
+
+mod scenarios;
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use scenarios::Scratch;
+
+/// Sizes of every scenario.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Scenario 1: transactions per client.
+    pub raw_txns: usize,
+    /// Scenario 2 and 5: runs of the chain pipeline, and its length.
+    pub runs: usize,
+    pub chain: usize,
+    /// Worker tasks (and raw-limit clients).
+    pub workers: usize,
+    /// Scenario 3: the large fan-out; the small one is a tenth of it.
+    pub fanout: usize,
+    /// Scenario 4: dependency releases sampled.
+    pub latency_samples: usize,
+    /// Per-call instantiate + call samples.
+    pub calls: usize,
+}
+
+impl BenchConfig {
+    pub fn full() -> Self {
+        Self {
+            raw_txns: 1000,
+            runs: 1000,
+            chain: 5,
+            workers: 4,
+            fanout: 10_000,
+            latency_samples: 300,
+            calls: 5000,
+        }
+    }
+
+    /// A run of a few seconds that exercises every scenario (CI).
+    pub fn smoke() -> Self {
+        Self {
+            raw_txns: 50,
+            runs: 20,
+            chain: 3,
+            workers: 4,
+            fanout: 200,
+            latency_samples: 20,
+            calls: 200,
+        }
+    }
+}
+
+/// One fan-out/fan-in size.
+#[derive(Debug, Clone, Serialize)]
+pub struct FanoutPoint {
+    pub stages: usize,
+    pub seconds: f64,
+    pub per_stage_us: f64,
+    /// Peak resident memory of this process after the run (VmHWM).
+    pub peak_rss_mb: f64,
+}
+
+/// Every figure of one backend.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendReport {
+    pub raw_txn_per_s: f64,
+    pub stage_completions_per_s: f64,
+    /// `stage_completions_per_s / raw_txn_per_s`.
+    pub ratio: f64,
+    pub release_latency_p50_ms: f64,
+    pub release_latency_p99_ms: f64,
+    pub fanout: Vec<FanoutPoint>,
+    /// Time per stage at the large fan-out over time per stage at the small.
+    pub fanout_growth: f64,
+    pub native_stage_completions_per_s: f64,
+    /// Wasm chain time over native chain time (1.0 = no overhead).
+    pub wasm_vs_native: f64,
+    pub instantiate_call_us: f64,
+}
+
+pub(crate) fn per_s(count: usize, elapsed: Duration) -> f64 {
+    count as f64 / elapsed.as_secs_f64().max(1e-9)
+}
+
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Runs every scenario on one scratch database.
+pub async fn run_backend(
+    scratch: &Scratch,
+    config: &BenchConfig,
+    progress: &dyn Fn(&str),
+) -> anyhow::Result<BackendReport> {
+    let raw = scenarios::raw_limit(scratch, config).await?;
+    progress(&format!("raw limit: {raw:.0} txn/s"));
+    let wasm = scenarios::chain(scratch, config, false).await?;
+    progress(&format!("chain (Wasm): {wasm:.0} stage completions/s"));
+    let native = scenarios::chain(scratch, config, true).await?;
+    progress(&format!("chain (native): {native:.0} stage completions/s"));
+    let (p50, p99) = scenarios::release_latency(scratch, config).await?;
+    progress(&format!(
+        "release latency: p50 {:.2} ms, p99 {:.2} ms",
+        ms(p50),
+        ms(p99)
+    ));
+    let mut fanout = Vec::new();
+    for stages in [config.fanout / 10, config.fanout] {
+        let point = scenarios::fanout(scratch, config, stages.max(1)).await?;
+        progress(&format!(
+            "fan-out {stages}: {:.2} s, {:.0} µs/stage, peak RSS {:.0} MB",
+            point.seconds, point.per_stage_us, point.peak_rss_mb
+        ));
+        fanout.push(point);
+    }
+    let call = scenarios::instantiate_call(scratch, config).await?;
+    progress(&format!(
+        "instantiate + call: {:.1} µs",
+        call.as_secs_f64() * 1e6
+    ));
+    Ok(BackendReport {
+        raw_txn_per_s: raw,
+        stage_completions_per_s: wasm,
+        ratio: wasm / raw.max(1e-9),
+        release_latency_p50_ms: ms(p50),
+        release_latency_p99_ms: ms(p99),
+        fanout_growth: fanout[1].per_stage_us / fanout[0].per_stage_us.max(1e-9),
+        fanout,
+        native_stage_completions_per_s: native,
+        wasm_vs_native: native / wasm.max(1e-9),
+        instantiate_call_us: call.as_secs_f64() * 1e6,
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The report as a table, one column per backend.
+pub fn table(reports: &[(&str, &BackendReport)]) -> String {
+    let mut rows: Vec<(String, Vec<String>)> = vec![
+        ("(1) raw limit, txn/s".into(), vec![]),
+        ("(2) stage completions/s (Wasm chain)".into(), vec![]),
+        ("    ratio (2)/(1)".into(), vec![]),
+        ("(3) fan-out small: s, µs/stage".into(), vec![]),
+        ("    fan-out large: s, µs/stage".into(), vec![]),
+        ("    growth large/small per stage".into(), vec![]),
+        ("    peak RSS small -> large, MB".into(), vec![]),
+        ("(4) release latency p50 / p99, ms".into(), vec![]),
+        ("(5) native chain, completions/s".into(), vec![]),
+        ("    Wasm vs native (time ratio)".into(), vec![]),
+        ("    instantiate + call, µs".into(), vec![]),
+    ];
+    for (_, r) in reports {
+        let cells = [
+            format!("{:.0}", r.raw_txn_per_s),
+            format!("{:.0}", r.stage_completions_per_s),
+            format!("{:.2}", r.ratio),
+            format!(
+                "{:.2}, {:.0}",
+                r.fanout[0].seconds, r.fanout[0].per_stage_us
+            ),
+            format!(
+                "{:.2}, {:.0}",
+                r.fanout[1].seconds, r.fanout[1].per_stage_us
+            ),
+            format!("{:.2}", r.fanout_growth),
+            format!(
+                "{:.0} -> {:.0}",
+                r.fanout[0].peak_rss_mb, r.fanout[1].peak_rss_mb
+            ),
+            format!(
+                "{:.2} / {:.2}",
+                r.release_latency_p50_ms, r.release_latency_p99_ms
+            ),
+            format!("{:.0}", r.native_stage_completions_per_s),
+            format!("{:.2}", r.wasm_vs_native),
+            format!("{:.1}", r.instantiate_call_us),
+        ];
+        for (row, cell) in rows.iter_mut().zip(cells) {
+            row.1.push(cell);
+        }
+    }
+    let mut out = format!("{:<40}", "");
+    for (name, _) in reports {
+        out.push_str(&format!("{name:>18}"));
+    }
+    out.push('\n');
+    for (label, cells) in rows {
+        out.push_str(&format!("{label:<40}"));
+        for cell in cells {
+            out.push_str(&format!("{cell:>18}"));
+        }
+        out.push('\n');
+    }
+    out
+}

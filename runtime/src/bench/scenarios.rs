@@ -1,0 +1,372 @@
+//! The five scenarios of `ratchet bench`, each on a database of its own.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, watch};
+
+use super::{BenchConfig, FanoutPoint, per_s, percentile};
+use crate::bundled::BENCH_PLUGINS;
+use crate::clock::{Clock, SystemClock};
+use crate::digest::sha256_hex;
+use crate::manifest::Pipeline;
+use crate::model::StochasticModel;
+use crate::plugin::{ExecError, HostConfig, Invocation, Payload, PluginHost};
+use crate::registry;
+use crate::scheduler::{NativeStage, Scheduler, SchedulerConfig, SchedulerProbe};
+use crate::store::{self, ArtifactPut, ClaimedJob, PostgresStore, RawCompletion, Store};
+use crate::worker::{self, WorkerOptions};
+
+/// Where the scenarios' databases live: a temporary folder of SQLite files,
+/// or fresh schemas on a Postgres server, dropped by [`Scratch::cleanup`].
+pub struct Scratch {
+    dir: tempfile::TempDir,
+    postgres: Option<String>,
+    schemas: Mutex<Vec<String>>,
+}
+
+impl Scratch {
+    pub fn sqlite() -> anyhow::Result<Self> {
+        Ok(Self {
+            dir: tempfile::tempdir()?,
+            postgres: None,
+            schemas: Mutex::default(),
+        })
+    }
+
+    pub fn postgres(url: &str) -> anyhow::Result<Self> {
+        Ok(Self {
+            dir: tempfile::tempdir()?,
+            postgres: Some(url.to_string()),
+            schemas: Mutex::default(),
+        })
+    }
+
+    /// A new, empty database for one scenario.
+    async fn database(&self, name: &str) -> anyhow::Result<Arc<dyn Store>> {
+        let url = match &self.postgres {
+            None => format!(
+                "sqlite://{}",
+                self.dir.path().join(format!("{name}.db")).display()
+            ),
+            Some(base) => {
+                let (url, schema) = PostgresStore::scratch_schema(base, name).await?;
+                self.schemas
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(schema);
+                url
+            }
+        };
+        Ok(store::open(&url).await?)
+    }
+
+    pub async fn cleanup(self) -> anyhow::Result<()> {
+        if let Some(base) = &self.postgres {
+            let schemas =
+                std::mem::take(&mut *self.schemas.lock().unwrap_or_else(|p| p.into_inner()));
+            for schema in schemas {
+                PostgresStore::drop_scratch_schema(base, &schema).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A database with the bench plugins registered, and a host.
+struct Rig {
+    store: Arc<dyn Store>,
+    host: Arc<PluginHost>,
+    clock: Arc<dyn Clock>,
+}
+
+async fn rig(scratch: &Scratch, name: &str, workers: usize) -> anyhow::Result<Rig> {
+    let store = scratch.database(name).await?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let config = HostConfig {
+        cache_dir: Some(scratch.dir.path().join("components")),
+        pooling: Some(workers as u32 * 2 + 16),
+        ..HostConfig::default()
+    };
+    let host = Arc::new(PluginHost::new(
+        store.clone(),
+        Arc::new(StochasticModel),
+        clock.clone(),
+        config,
+    )?);
+    for (_, bytes) in BENCH_PLUGINS {
+        registry::plugin_register(&store, &host, bytes.to_vec(), clock.as_ref()).await?;
+    }
+    Ok(Rig { store, host, clock })
+}
+
+impl Rig {
+    fn scheduler(&self, native: bool, probe: Option<Arc<dyn SchedulerProbe>>) -> Arc<Scheduler> {
+        let mut sched = Scheduler::new(
+            self.store.clone(),
+            self.host.clone(),
+            self.clock.clone(),
+            SchedulerConfig::new("bench"),
+        );
+        if native {
+            sched = sched.with_native(Arc::new(NativePass));
+        }
+        if let Some(probe) = probe {
+            sched = sched.with_probe(probe);
+        }
+        Arc::new(sched)
+    }
+
+    async fn submit(&self, pipeline: &Pipeline, input: Vec<u8>) -> anyhow::Result<String> {
+        let outcome = registry::run_submit(
+            self.store.as_ref(),
+            pipeline,
+            input,
+            None,
+            self.clock.as_ref(),
+        )
+        .await?;
+        Ok(outcome.run_id().to_string())
+    }
+
+    /// Runs workers until nothing is left; returns how long that took.
+    async fn burn_down(&self, sched: Arc<Scheduler>, workers: usize) -> anyhow::Result<Duration> {
+        let opts = WorkerOptions {
+            concurrency: workers,
+            until_idle: true,
+            poll: Duration::from_millis(5),
+            ..WorkerOptions::default()
+        };
+        let (_stop, stopped) = watch::channel(false);
+        let start = Instant::now();
+        let stats = worker::run(sched, self.clock.clone(), opts, stopped).await?;
+        let elapsed = start.elapsed();
+        let dead = stats.dead.load(std::sync::atomic::Ordering::Relaxed);
+        anyhow::ensure!(dead == 0, "{dead} bench stages died: {}", stats.summary());
+        Ok(elapsed)
+    }
+}
+
+/// The bench-only native executor: `pass` in Rust, no Wasm.
+struct NativePass;
+
+impl NativeStage for NativePass {
+    fn run(&self, inputs: Vec<Payload>) -> Result<Vec<Payload>, ExecError> {
+        Ok(inputs
+            .into_iter()
+            .filter(|p| p.name == "in")
+            .map(|p| Payload {
+                name: "out".into(),
+                ..p
+            })
+            .collect())
+    }
+}
+
+fn chain_pipeline(stages: usize) -> anyhow::Result<Pipeline> {
+    let mut text = String::from("name = \"chain\"\n");
+    for i in 0..stages {
+        let from = if i == 0 {
+            "$input".to_string()
+        } else {
+            format!("s{}.out", i - 1)
+        };
+        text.push_str(&format!(
+            "[[stage]]\nname = \"s{i}\"\nplugin = \"pass@^1\"\ninputs = {{ in = \"{from}\" }}\n"
+        ));
+    }
+    Ok(Pipeline::parse("bench chain", &text)?)
+}
+
+/// (1) Committed transactions/s of the completion's statement shape.
+pub(super) async fn raw_limit(scratch: &Scratch, config: &BenchConfig) -> anyhow::Result<f64> {
+    let rig = rig(scratch, "raw", config.workers).await?;
+    let run = rig.submit(&chain_pipeline(1)?, b"raw".to_vec()).await?;
+    let job_id = rig.store.job_list(&run).await?[0].id;
+    let start = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for client in 0..config.workers {
+        let (store, run, clock) = (rig.store.clone(), run.clone(), rig.clock.clone());
+        let txns = config.raw_txns;
+        clients.spawn(async move {
+            for i in 0..txns {
+                let bytes = format!("{client}-{i}").into_bytes();
+                let artifact = ArtifactPut {
+                    run_id: run.clone(),
+                    stage: "raw".into(),
+                    output: format!("o{client}-{i}"),
+                    media_type: "application/octet-stream".into(),
+                    digest: sha256_hex(&bytes),
+                    bytes,
+                    attempt: 1,
+                    plugin_digest: None,
+                    now: clock.now_ms(),
+                };
+                store
+                    .bench_raw_completion(RawCompletion { job_id, artifact })
+                    .await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(done) = clients.join_next().await {
+        done??;
+    }
+    Ok(per_s(config.workers * config.raw_txns, start.elapsed()))
+}
+
+/// (2) and (5): stage completions/s burning down `runs` chains.
+pub(super) async fn chain(
+    scratch: &Scratch,
+    config: &BenchConfig,
+    native: bool,
+) -> anyhow::Result<f64> {
+    let name = if native { "chain_native" } else { "chain_wasm" };
+    let rig = rig(scratch, name, config.workers).await?;
+    let pipeline = chain_pipeline(config.chain)?;
+    for i in 0..config.runs {
+        rig.submit(&pipeline, format!("run {i}").into_bytes())
+            .await?;
+    }
+    let elapsed = rig
+        .burn_down(rig.scheduler(native, None), config.workers)
+        .await?;
+    Ok(per_s(config.runs * config.chain, elapsed))
+}
+
+/// (3) One run: `stages` parallel stages, then one join after all of them.
+pub(super) async fn fanout(
+    scratch: &Scratch,
+    config: &BenchConfig,
+    stages: usize,
+) -> anyhow::Result<FanoutPoint> {
+    let rig = rig(scratch, &format!("fanout_{stages}"), config.workers).await?;
+    let mut text = String::from("name = \"fanout\"\n");
+    for i in 0..stages {
+        text.push_str(&format!(
+            "[[stage]]\nname = \"f{i}\"\nplugin = \"pass@^1\"\ninputs = {{ in = \"$input\" }}\n"
+        ));
+    }
+    let all: Vec<String> = (0..stages).map(|i| format!("\"f{i}\"")).collect();
+    text.push_str(&format!(
+        "[[stage]]\nname = \"join\"\nplugin = \"noop@^1\"\nafter = [{}]\n",
+        all.join(", ")
+    ));
+    let pipeline = Pipeline::parse("bench fan-out", &text)?;
+    rig.submit(&pipeline, b"fan".to_vec()).await?;
+    let elapsed = rig
+        .burn_down(rig.scheduler(false, None), config.workers)
+        .await?;
+    Ok(FanoutPoint {
+        stages,
+        seconds: elapsed.as_secs_f64(),
+        per_stage_us: elapsed.as_secs_f64() * 1e6 / (stages + 1) as f64,
+        peak_rss_mb: peak_rss_mb(),
+    })
+}
+
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// Records when a commit released a stage and when that stage was claimed.
+#[derive(Default)]
+struct LatencyProbe {
+    released: Mutex<HashMap<(String, String), Instant>>,
+    samples: Mutex<Vec<Duration>>,
+    sampled: Notify,
+}
+
+impl SchedulerProbe for LatencyProbe {
+    fn released(&self, run_id: &str, stages: &[String]) {
+        let now = Instant::now();
+        let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        for stage in stages {
+            released.insert((run_id.to_string(), stage.clone()), now);
+        }
+    }
+
+    fn claimed(&self, job: &ClaimedJob) {
+        let now = Instant::now();
+        let key = (job.run_id.clone(), job.stage.clone());
+        let released = self
+            .released
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
+        if let Some(at) = released {
+            self.samples
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(now - at);
+            self.sampled.notify_one();
+        }
+    }
+}
+
+/// (4) From a stage's commit to its dependent's claim, one run at a time.
+pub(super) async fn release_latency(
+    scratch: &Scratch,
+    config: &BenchConfig,
+) -> anyhow::Result<(Duration, Duration)> {
+    let rig = rig(scratch, "latency", config.workers).await?;
+    let probe = Arc::new(LatencyProbe::default());
+    let sched = rig.scheduler(false, Some(probe.clone()));
+    let opts = WorkerOptions {
+        concurrency: config.workers,
+        poll: Duration::from_millis(5),
+        ..WorkerOptions::default()
+    };
+    let (stop, stopped) = watch::channel(false);
+    let work = tokio::spawn(worker::run(sched, rig.clock.clone(), opts, stopped));
+    let pipeline = chain_pipeline(2)?;
+    for i in 0..config.latency_samples {
+        let sampled = probe.sampled.notified();
+        rig.submit(&pipeline, format!("sample {i}").into_bytes())
+            .await?;
+        tokio::time::timeout(Duration::from_secs(60), sampled)
+            .await
+            .map_err(|_| anyhow::anyhow!("no dependency release within 60 s"))?;
+    }
+    let _ = stop.send(true);
+    work.await??;
+    let mut samples = std::mem::take(&mut *probe.samples.lock().unwrap_or_else(|p| p.into_inner()));
+    samples.sort();
+    Ok((percentile(&samples, 0.5), percentile(&samples, 0.99)))
+}
+
+/// Per-call cost of a cached component: a fresh instance plus `run`.
+pub(super) async fn instantiate_call(
+    scratch: &Scratch,
+    config: &BenchConfig,
+) -> anyhow::Result<Duration> {
+    let rig = rig(scratch, "calls", config.workers).await?;
+    let noop = BENCH_PLUGINS
+        .iter()
+        .find(|(name, _)| *name == "noop")
+        .map(|(_, bytes)| *bytes)
+        .ok_or_else(|| anyhow::anyhow!("the noop plugin is not bundled"))?;
+    let plugin = rig.host.inspect(noop).await?;
+    let inv = Invocation {
+        run_id: "bench".into(),
+        stage: "bench".into(),
+        attempt: 1,
+        idempotency_key: "bench".into(),
+    };
+    for _ in 0..config.calls / 10 {
+        let _ = rig.host.execute(&plugin, &inv, Vec::new()).await;
+    }
+    let start = Instant::now();
+    for _ in 0..config.calls {
+        let outcome = rig.host.execute(&plugin, &inv, Vec::new()).await;
+        anyhow::ensure!(outcome.is_ok(), "noop failed: {:?}", outcome.err());
+    }
+    Ok(start.elapsed() / config.calls.max(1) as u32)
+}

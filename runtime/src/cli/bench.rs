@@ -1,0 +1,58 @@
+//! `ratchet bench`: runs every scenario on SQLite, and on Postgres when a
+//! URL is given, then prints a table or JSON keyed by backend.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use crate::bench::{self, BenchConfig, Scratch};
+
+pub struct BenchArgs {
+    pub smoke: bool,
+    pub postgres: Option<String>,
+    pub runs: Option<usize>,
+    pub chain: Option<usize>,
+    pub workers: Option<usize>,
+    pub fanout: Option<usize>,
+    pub json: bool,
+}
+
+pub async fn run(args: BenchArgs) -> Result<ExitCode> {
+    let mut config = if args.smoke {
+        BenchConfig::smoke()
+    } else {
+        BenchConfig::full()
+    };
+    config.runs = args.runs.unwrap_or(config.runs);
+    config.chain = args.chain.unwrap_or(config.chain);
+    config.workers = args.workers.unwrap_or(config.workers);
+    config.fanout = args.fanout.unwrap_or(config.fanout);
+    let mut backends = vec![("sqlite", Scratch::sqlite()?)];
+    if let Some(url) = &args.postgres {
+        backends.push(("postgres", Scratch::postgres(url)?));
+    }
+    let mut reports = BTreeMap::new();
+    for (name, scratch) in backends {
+        eprintln!("{name}:");
+        let progress = |line: &str| eprintln!("  {line}");
+        let report = bench::run_backend(&scratch, &config, &progress).await;
+        scratch.cleanup().await?;
+        reports.insert(name, report?);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    } else {
+        let columns: Vec<_> = reports.iter().map(|(n, r)| (*n, r)).collect();
+        println!(
+            "{} runs x {} stages, {} workers, fan-out {} and {}\n",
+            config.runs,
+            config.chain,
+            config.workers,
+            config.fanout / 10,
+            config.fanout
+        );
+        print!("{}", bench::table(&columns));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,29 @@
+//! The raw limit `ratchet bench` compares against: one transaction with the
+//! statement shape of a stage completion (canonical artifact insert, job
+//! update, outbox row) and none of Ratchet's logic around it.
+
+use super::*;
+
+pub(super) async fn raw_completion(store: &SqliteStore, r: RawCompletion) -> Result<()> {
+    let mut tx = store.begin_write().await?;
+    artifacts::put_canonical_tx(&mut tx, &r.artifact).await?;
+    sqlx::query("UPDATE jobs SET updated_at = ? WHERE id = ?")
+        .bind(r.artifact.now)
+        .bind(r.job_id)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
+         VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (dedup_key) DO NOTHING",
+    )
+    .bind(format!("{}/{}/raw", r.artifact.run_id, r.artifact.output))
+    .bind(&r.artifact.run_id)
+    .bind(&r.artifact.stage)
+    .bind("bench.raw")
+    .bind("{}")
+    .bind(r.artifact.now)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}

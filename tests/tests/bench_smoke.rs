@@ -1,0 +1,49 @@
+//! `ratchet bench --smoke` produces its report on every backend. A smoke
+//! run only: no figure is asserted, benchmarks are not tests.
+
+use ratchet_tests::{output, postgres_base_url, postgres_schema_url};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
+
+const KEYS: [&str; 5] = [
+    "raw_txn_per_s",
+    "stage_completions_per_s",
+    "ratio",
+    "release_latency_p99_ms",
+    "wasm_vs_native",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_smoke_bench_reports_every_backend() {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.args(["bench", "--smoke", "--json"])
+        .env("RATCHET_LOG", "error")
+        .env_remove("RATCHET_BENCH_POSTGRES")
+        .kill_on_drop(true);
+    // Postgres when this machine has it (always under CI=true).
+    let postgres = match postgres_schema_url().await {
+        Some(_) => postgres_base_url(),
+        None => None,
+    };
+    if let Some(url) = &postgres {
+        cmd.args(["--postgres", url]);
+    }
+    let out = output(cmd).await;
+    assert!(out.status.success(), "{out:?}");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let mut backends = vec!["sqlite"];
+    if postgres.is_some() {
+        backends.push("postgres");
+    }
+    for backend in backends {
+        for key in KEYS {
+            let value = &report[backend][key];
+            assert!(
+                value.as_f64().is_some_and(f64::is_finite),
+                "{backend}.{key} = {value}: {report}"
+            );
+        }
+        assert_eq!(report[backend]["fanout"].as_array().map(Vec::len), Some(2));
+    }
+}

@@ -1,6 +1,9 @@
 //! Capability grants and operator caps: a plugin gets a host interface only
 //! when its manifest asks for it and the operator's policy grants it, and
 //! never more time, memory or output than the policy allows.
+//!
+//! Checked on the buggy shape: with `Policy::admit` admitting everything,
+//! the four registration tests fail.
 
 use std::sync::Arc;
 

@@ -1,6 +1,9 @@
 //! Precompiled components on disk: a restarted worker loads them instead of
 //! compiling, and a file that does not match the engine is recompiled, never
 //! loaded and never an error.
+//!
+//! Checked on the buggy shape: with the engine hash left out of the file
+//! name, the other-engine test fails.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -160,7 +160,8 @@ async fn a_bad_base_url_is_refused_up_front() {
 /// A real worker process on the OpenAI backend is killed right after the
 /// draft's answer is journaled; the server would answer the retry
 /// differently, but the retry never asks: the run continues from the
-/// journaled, canonical answer.
+/// journaled, canonical answer. Seen failing with the host ignoring the
+/// journal (the server is asked twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_are_journaled_so_a_retry_never_asks_again() {
     let replies = [

@@ -261,7 +261,8 @@ async fn finish_run_if_done(tx: &mut Tx, run_id: &str, now: i64) -> Result<u64> 
     Ok(sqlx::query(
         "UPDATE runs SET state = 'succeeded', finished_at = $1
          WHERE id = $2 AND state = 'running'
-           AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = $2 AND state != 'succeeded')",
+           AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = $2
+                             AND state IN ('blocked', 'ready', 'running', 'failed', 'dead', 'cancelled'))",
     )
     .bind(now)
     .bind(run_id)

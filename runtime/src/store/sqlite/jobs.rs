@@ -168,11 +168,6 @@ pub(super) async fn complete(store: &SqliteStore, mut c: JobComplete) -> Result<
     .bind(c.job_id)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("UPDATE edges SET satisfied = 1 WHERE run_id = ? AND from_stage = ?")
-        .bind(&run_id)
-        .bind(&stage)
-        .execute(&mut *tx)
-        .await?;
     let released = release_dependents(&mut tx, &run_id, &stage, c.now).await?;
 
     let proposals: BTreeMap<&str, &str> = outputs
@@ -198,39 +193,51 @@ pub(super) async fn complete(store: &SqliteStore, mut c: JobComplete) -> Result<
     Ok(CompleteOutcome::Completed { outputs, released })
 }
 
-/// Recounts the unsatisfied edges of `stage`'s dependents and makes those at
-/// zero ready. Counting from the edges (not decrementing) makes it safe to
-/// run again: the reconciler uses the same statements.
+/// Satisfies the edges out of `stage`, takes each dependent's `pending` down
+/// by the edges it just got, and makes those at zero ready. Only edges that
+/// were unsatisfied count, so running it twice changes nothing; a recount
+/// on every completion grew with the number of edges into a join
+/// (BENCHMARKS.md). The reconciler's recount repairs any drift, as on
+/// Postgres (ADR 0005).
 async fn release_dependents(
     tx: &mut Tx,
     run_id: &str,
     stage: &str,
     now: i64,
 ) -> Result<Vec<String>> {
-    sqlx::query(
-        "UPDATE jobs SET pending = (SELECT COUNT(*) FROM edges e
-                                    WHERE e.run_id = jobs.run_id AND e.to_stage = jobs.stage
-                                      AND e.satisfied = 0),
-                updated_at = ?1
-         WHERE run_id = ?2 AND state = 'blocked'
-           AND stage IN (SELECT to_stage FROM edges WHERE run_id = ?2 AND from_stage = ?3)",
+    let satisfied: Vec<String> = sqlx::query_scalar(
+        "UPDATE edges SET satisfied = 1
+         WHERE run_id = ? AND from_stage = ? AND satisfied = 0
+         RETURNING to_stage",
     )
-    .bind(now)
-    .bind(run_id)
-    .bind(stage)
-    .execute(&mut **tx)
-    .await?;
-    let released: Vec<String> = sqlx::query_scalar(
-        "UPDATE jobs SET state = 'ready', next_run_at = ?1
-         WHERE run_id = ?2 AND state = 'blocked' AND pending = 0
-           AND stage IN (SELECT to_stage FROM edges WHERE run_id = ?2 AND from_stage = ?3)
-         RETURNING stage",
-    )
-    .bind(now)
     .bind(run_id)
     .bind(stage)
     .fetch_all(&mut **tx)
     .await?;
+    let mut per_dependent: BTreeMap<String, i64> = BTreeMap::new();
+    for to in satisfied {
+        *per_dependent.entry(to).or_default() += 1;
+    }
+    let mut released = Vec::new();
+    for (dependent, n) in per_dependent {
+        let state: Option<String> = sqlx::query_scalar(
+            "UPDATE jobs SET pending = pending - ?1,
+                    state = CASE WHEN state = 'blocked' AND pending - ?1 <= 0 THEN 'ready' ELSE state END,
+                    next_run_at = CASE WHEN state = 'blocked' AND pending - ?1 <= 0 THEN ?2 ELSE next_run_at END,
+                    updated_at = ?2
+             WHERE run_id = ?3 AND stage = ?4
+             RETURNING state",
+        )
+        .bind(n)
+        .bind(now)
+        .bind(run_id)
+        .bind(&dependent)
+        .fetch_optional(&mut **tx)
+        .await?;
+        if state.as_deref() == Some("ready") {
+            released.push(dependent);
+        }
+    }
     Ok(released)
 }
 
@@ -238,7 +245,8 @@ async fn finish_run_if_done(tx: &mut Tx, run_id: &str, now: i64) -> Result<u64> 
     Ok(sqlx::query(
         "UPDATE runs SET state = 'succeeded', finished_at = ?1
          WHERE id = ?2 AND state = 'running'
-           AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = ?2 AND state != 'succeeded')",
+           AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = ?2
+                             AND state IN ('blocked', 'ready', 'running', 'failed', 'dead', 'cancelled'))",
     )
     .bind(now)
     .bind(run_id)

@@ -126,6 +126,18 @@ impl Harness {
         Self::configured(backend, clock, Arc::new(StochasticModel), config).await
     }
 
+    /// A SQLite harness whose plugin host has `config`.
+    pub async fn with_host_config(config: HostConfig) -> Self {
+        Self::configured(
+            Backend::Sqlite,
+            Arc::new(SystemClock),
+            Arc::new(StochasticModel),
+            config,
+        )
+        .await
+        .expect("sqlite is always available")
+    }
+
     /// A harness with its own model backend and host configuration.
     pub async fn configured(
         backend: Backend,
@@ -149,6 +161,20 @@ impl Harness {
             clock,
             host,
         })
+    }
+
+    /// Replaces the plugin host with a new one on the same database, as a
+    /// restarted worker (or one under another policy) would have.
+    pub fn rehost(&mut self, config: HostConfig) {
+        self.host = Arc::new(
+            PluginHost::new(
+                self.store.clone(),
+                Arc::new(StochasticModel),
+                self.clock.clone(),
+                config,
+            )
+            .expect("plugin host"),
+        );
     }
 
     pub async fn register(&self, names: &[&str]) {

@@ -5,29 +5,18 @@
 //! Checked on the buggy shape: with `Policy::admit` admitting everything,
 //! the four registration tests fail.
 
-use std::sync::Arc;
-
-use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::manifest::Capability;
-use ratchet_runtime::model::StochasticModel;
-use ratchet_runtime::plugin::{Caps, HostConfig, PluginError, PluginHost, Policy};
+use ratchet_runtime::plugin::{Caps, HostConfig, PluginError, Policy};
 use ratchet_runtime::registry::{self, RegistryError};
 use ratchet_runtime::store::JobState;
-use ratchet_tests::{Backend, Harness, plugin_path};
+use ratchet_tests::{Harness, plugin_path};
 
 async fn harness(policy: Policy) -> Harness {
     let config = HostConfig {
         policy,
         ..HostConfig::default()
     };
-    Harness::configured(
-        Backend::Sqlite,
-        Arc::new(SystemClock),
-        Arc::new(StochasticModel),
-        config,
-    )
-    .await
-    .expect("sqlite")
+    Harness::with_host_config(config).await
 }
 
 /// Registers `plugin` and returns the refusal, checking nothing was stored.
@@ -44,22 +33,13 @@ async fn refusal(h: &Harness, plugin: &str) -> String {
     err.to_string()
 }
 
-/// Swaps in a worker host under another policy, as an operator who
-/// tightened the policy after registration would run.
+/// A worker host under another policy, as an operator who tightened the
+/// policy after registration would run.
 fn rehost(h: &mut Harness, policy: Policy) {
-    let config = HostConfig {
+    h.rehost(HostConfig {
         policy,
         ..HostConfig::default()
-    };
-    h.host = Arc::new(
-        PluginHost::new(
-            h.store.clone(),
-            Arc::new(StochasticModel),
-            h.clock.clone(),
-            config,
-        )
-        .expect("plugin host"),
-    );
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,13 +6,10 @@
 //! name, the other-engine test fails.
 
 use std::path::Path;
-use std::sync::Arc;
 
-use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::digest::sha256_hex;
-use ratchet_runtime::model::StochasticModel;
-use ratchet_runtime::plugin::{CompileStats, DiskCache, HostConfig, PluginHost};
-use ratchet_tests::{Backend, Harness, plugin_path};
+use ratchet_runtime::plugin::{CompileStats, DiskCache, HostConfig};
+use ratchet_tests::{Harness, plugin_path};
 
 fn config(dir: &Path) -> HostConfig {
     HostConfig {
@@ -23,14 +20,7 @@ fn config(dir: &Path) -> HostConfig {
 
 /// A harness with `noop` registered through a host caching into `dir`.
 async fn registered(dir: &Path) -> (Harness, String) {
-    let h = Harness::configured(
-        Backend::Sqlite,
-        Arc::new(SystemClock),
-        Arc::new(StochasticModel),
-        config(dir),
-    )
-    .await
-    .expect("sqlite");
+    let h = Harness::with_host_config(config(dir)).await;
     h.register(&["noop"]).await;
     let digest = sha256_hex(&std::fs::read(plugin_path("noop")).expect("compiled plugin"));
     (h, digest)
@@ -38,15 +28,7 @@ async fn registered(dir: &Path) -> (Harness, String) {
 
 /// A new worker process's host: same engine settings, empty memory.
 fn restarted(h: &mut Harness, dir: &Path) {
-    h.host = Arc::new(
-        PluginHost::new(
-            h.store.clone(),
-            Arc::new(StochasticModel),
-            h.clock.clone(),
-            config(dir),
-        )
-        .expect("plugin host"),
-    );
+    h.rehost(config(dir));
 }
 
 /// Runs one `noop` stage through the current host; it must succeed.

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::crash::CRASH_EXIT_CODE;
 use ratchet_runtime::digest::sha256_hex;
-use ratchet_runtime::model::StochasticModel;
-use ratchet_runtime::plugin::{HostConfig, PluginHost};
+use ratchet_runtime::plugin::HostConfig;
 use ratchet_runtime::registry;
 use ratchet_tests::{Backend, Harness, output, ratchet, shared_component_cache};
 
@@ -54,7 +53,7 @@ async fn a_python_stage_survives_a_crash_after_its_model_call() {
     let Some(component) = headline_component() else {
         return;
     };
-    let h = Harness::on(Backend::Sqlite, Arc::new(SystemClock))
+    let mut h = Harness::on(Backend::Sqlite, Arc::new(SystemClock))
         .await
         .expect("sqlite");
     h.register(&["draft", "verify"]).await;
@@ -119,18 +118,11 @@ async fn a_python_stage_survives_a_crash_after_its_model_call() {
 
     // A new worker loads the large component precompiled, as the worker
     // processes above did.
-    let config = HostConfig {
+    h.rehost(HostConfig {
         cache_dir: Some(shared_component_cache()),
         ..HostConfig::default()
-    };
-    let fresh = PluginHost::new(
-        h.store.clone(),
-        Arc::new(StochasticModel),
-        h.clock.clone(),
-        config,
-    )
-    .expect("plugin host");
-    fresh.load(&headline.digest).await.expect("load");
-    let stats = fresh.compile_stats();
+    });
+    h.host.load(&headline.digest).await.expect("load");
+    let stats = h.host.compile_stats();
     assert_eq!((stats.compiled, stats.from_disk), (0, 1), "{stats:?}");
 }

@@ -52,10 +52,7 @@ impl Scratch {
             ),
             Some(base) => {
                 let (url, schema) = PostgresStore::scratch_schema(base, name).await?;
-                self.schemas
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(schema);
+                lock(&self.schemas).push(schema);
                 url
             }
         };
@@ -64,8 +61,7 @@ impl Scratch {
 
     pub async fn cleanup(self) -> anyhow::Result<()> {
         if let Some(base) = &self.postgres {
-            let schemas =
-                std::mem::take(&mut *self.schemas.lock().unwrap_or_else(|p| p.into_inner()));
+            let schemas = std::mem::take(&mut *lock(&self.schemas));
             for schema in schemas {
                 PostgresStore::drop_scratch_schema(base, &schema).await?;
             }
@@ -287,7 +283,7 @@ struct LatencyProbe {
 impl SchedulerProbe for LatencyProbe {
     fn released(&self, run_id: &str, stages: &[String]) {
         let now = Instant::now();
-        let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        let mut released = lock(&self.released);
         for stage in stages {
             released.insert((run_id.to_string(), stage.clone()), now);
         }
@@ -296,16 +292,9 @@ impl SchedulerProbe for LatencyProbe {
     fn claimed(&self, job: &ClaimedJob) {
         let now = Instant::now();
         let key = (job.run_id.clone(), job.stage.clone());
-        let released = self
-            .released
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key);
+        let released = lock(&self.released).remove(&key);
         if let Some(at) = released {
-            self.samples
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(now - at);
+            lock(&self.samples).push(now - at);
             self.sampled.notify_one();
         }
     }
@@ -337,7 +326,7 @@ pub(super) async fn release_latency(
     }
     let _ = stop.send(true);
     work.await??;
-    let mut samples = std::mem::take(&mut *probe.samples.lock().unwrap_or_else(|p| p.into_inner()));
+    let mut samples = std::mem::take(&mut *lock(&probe.samples));
     samples.sort();
     Ok((percentile(&samples, 0.5), percentile(&samples, 0.99)))
 }
@@ -369,4 +358,9 @@ pub(super) async fn instantiate_call(
         anyhow::ensure!(outcome.is_ok(), "noop failed: {:?}", outcome.err());
     }
     Ok(start.elapsed() / config.calls.max(1) as u32)
+}
+
+/// A poisoned lock still holds sound bench data: take it.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

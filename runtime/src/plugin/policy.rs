@@ -127,24 +127,21 @@ impl Policy {
     }
 
     pub fn limits(&self, limits: &Limits) -> EffectiveLimits {
+        let capped = |asked: Option<u64>, default: u64, cap: u64| asked.unwrap_or(default).min(cap);
         let caps = &self.caps;
         EffectiveLimits {
-            timeout_ms: limits
-                .timeout_ms
-                .unwrap_or(DEFAULT_TIMEOUT_MS)
-                .min(caps.timeout_ms),
-            memory_mb: limits
-                .memory_mb
-                .unwrap_or(DEFAULT_MEMORY_MB)
-                .min(caps.memory_mb),
-            max_output_bytes: limits
-                .max_output_bytes
-                .unwrap_or(DEFAULT_MAX_OUTPUT_BYTES)
-                .min(caps.max_output_bytes),
-            max_host_calls: limits
-                .max_host_calls
-                .unwrap_or(DEFAULT_MAX_HOST_CALLS)
-                .min(caps.max_host_calls),
+            timeout_ms: capped(limits.timeout_ms, DEFAULT_TIMEOUT_MS, caps.timeout_ms),
+            memory_mb: capped(limits.memory_mb, DEFAULT_MEMORY_MB, caps.memory_mb),
+            max_output_bytes: capped(
+                limits.max_output_bytes,
+                DEFAULT_MAX_OUTPUT_BYTES,
+                caps.max_output_bytes,
+            ),
+            max_host_calls: capped(
+                limits.max_host_calls,
+                DEFAULT_MAX_HOST_CALLS,
+                caps.max_host_calls,
+            ),
         }
     }
 

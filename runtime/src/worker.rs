@@ -1,5 +1,6 @@
-//! The worker loop: N tasks claiming and running attempts, woken by in-process
-//! releases or a slow poll; reconciles on start and periodically.
+//! The worker loop: one producer claiming due jobs in batches of up to the
+//! free slots, one task per attempt; woken by releases (in-process or, on
+//! Postgres, `NOTIFY`) or a slow poll; reconciles on start and periodically.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,12 +10,14 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
 use crate::clock::Clock;
-use crate::scheduler::{AttemptOutcome, Scheduler};
+use crate::scheduler::{AttemptOutcome, Finished, Scheduler};
 use crate::store::{JobState, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
     pub concurrency: usize,
+    /// Most jobs claimed in one transaction (never more than free slots).
+    pub claim_batch: usize,
     /// Return once no job is ready or running anywhere in the store.
     pub until_idle: bool,
     /// Longest wait between claims when nothing wakes the worker.
@@ -26,6 +29,7 @@ impl Default for WorkerOptions {
     fn default() -> Self {
         Self {
             concurrency: 4,
+            claim_batch: 16,
             until_idle: false,
             poll: Duration::from_millis(200),
             reconcile_every: Duration::from_secs(10),
@@ -63,8 +67,9 @@ pub enum WorkerError {
     Panicked(String),
 }
 
-/// Runs worker tasks until `shutdown` turns true (or, with `until_idle`,
-/// until there is nothing left to do). In-flight attempts finish first.
+/// Runs up to `concurrency` attempts at a time until `shutdown` turns true
+/// (or, with `until_idle`, until there is nothing left to do). In-flight
+/// attempts finish first.
 pub async fn run(
     sched: Arc<Scheduler>,
     clock: Arc<dyn Clock>,
@@ -78,29 +83,17 @@ pub async fn run(
     if report != Default::default() {
         tracing::info!(?report, "reconciled on start");
     }
-    let mut tasks = JoinSet::new();
-    for _ in 0..opts.concurrency.max(1) {
-        let task = Task {
-            sched: sched.clone(),
-            clock: clock.clone(),
-            opts: opts.clone(),
-            stats: stats.clone(),
-            wake: wake.clone(),
-            shutdown: shutdown.clone(),
-        };
-        tasks.spawn(task.run());
-    }
-    if !opts.until_idle {
+    let reconciler = (!opts.until_idle).then(|| {
         let (sched, clock, mut shutdown, every) = (
             sched.clone(),
             clock.clone(),
             shutdown.clone(),
             opts.reconcile_every,
         );
-        tasks.spawn(async move {
+        tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    _ = shutdown.changed() => return Ok(()),
+                    _ = shutdown.changed() => return,
                     _ = tokio::time::sleep(every) => {}
                 }
                 match sched.store().reconcile(clock.now_ms()).await {
@@ -109,110 +102,179 @@ pub async fn run(
                     Err(e) => tracing::warn!("reconcile failed: {e}"),
                 }
             }
-        });
+        })
+    });
+    let producer = Producer {
+        sched,
+        clock,
+        opts,
+        stats: stats.clone(),
+        wake,
+        shutdown,
+        shutdown_open: true,
+        attempts: JoinSet::new(),
+        store_errors: 0,
+    };
+    let produced = producer.run().await;
+    if let Some(reconciler) = reconciler {
+        reconciler.abort();
     }
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tasks.abort_all();
-                return Err(e.into());
-            }
-            Err(e) if e.is_panic() => {
-                tasks.abort_all();
-                return Err(WorkerError::Panicked(panic_message(e.into_panic())));
-            }
-            Err(_) => {}
-        }
-    }
-    Ok(stats)
+    produced.map(|()| stats)
 }
 
-enum Step {
-    Worked,
-    Wait(Duration),
-    Done,
-}
-
-struct Task {
+/// Claims as many due jobs as there are free slots, in one transaction, and
+/// runs each claimed attempt in a task of its own.
+struct Producer {
     sched: Arc<Scheduler>,
     clock: Arc<dyn Clock>,
     opts: WorkerOptions,
     stats: Arc<WorkerStats>,
     wake: Arc<Notify>,
     shutdown: watch::Receiver<bool>,
+    attempts: JoinSet<Result<Finished, StoreError>>,
+    shutdown_open: bool,
+    /// Transient store errors in a row, for the backoff.
+    store_errors: u32,
 }
 
-impl Task {
-    async fn run(mut self) -> Result<(), StoreError> {
-        let mut store_errors = 0u32;
+/// What the producer does next.
+enum Next {
+    /// Claim now: something may be due.
+    Claim,
+    /// Wait for a wake-up, a finished attempt or this long.
+    Wait(Duration),
+}
+
+impl Producer {
+    async fn run(mut self) -> Result<(), WorkerError> {
+        let slots = self.opts.concurrency.max(1);
+        let mut next = Next::Claim;
         while !*self.shutdown.borrow() {
-            let notified = self.wake.notified();
-            let wait = match self.step().await {
-                Ok(Step::Worked) => {
-                    store_errors = 0;
+            let wake = self.wake.clone();
+            let notified = wake.notified();
+            if let Next::Claim = next {
+                // Attempts that finished together free their slots together,
+                // and their successors are claimed in one transaction.
+                while let Some(joined) = self.attempts.try_join_next() {
+                    self.finished(joined)?;
+                }
+                let free = slots - self.attempts.len();
+                next = if free == 0 {
+                    Next::Wait(self.opts.poll)
+                } else {
+                    self.claim(free).await?
+                };
+                if let Next::Claim = next {
                     continue;
                 }
-                Ok(Step::Wait(wait)) => {
-                    store_errors = 0;
-                    wait
-                }
-                Ok(Step::Done) => {
-                    self.wake.notify_waiters();
-                    return Ok(());
-                }
-                // A restarting database or a dropped connection: back off and
-                // try again; the pool reconnects. Anything else stops the worker.
-                Err(e) if e.is_transient() => {
-                    store_errors = store_errors.saturating_add(1);
-                    let backoff = Duration::from_millis(100u64 << store_errors.min(6));
-                    tracing::warn!("store unavailable, retrying in {backoff:?}: {e}");
-                    backoff
-                }
-                Err(e) => return Err(e),
-            };
-            tokio::select! {
-                _ = notified => {}
-                _ = tokio::time::sleep(wait) => {}
-                _ = self.shutdown.changed() => {}
             }
+            let Next::Wait(wait) = next else { continue };
+            next = tokio::select! {
+                _ = notified => Next::Claim,
+                _ = tokio::time::sleep(wait) => Next::Claim,
+                changed = self.shutdown.changed(), if self.shutdown_open => {
+                    // A dropped sender can no longer ask for a shutdown.
+                    self.shutdown_open = changed.is_ok();
+                    Next::Wait(wait)
+                }
+                Some(joined) = self.attempts.join_next(), if !self.attempts.is_empty() => {
+                    self.finished(joined)?
+                }
+            };
+        }
+        // Shutting down: claim nothing more, let what runs finish.
+        while let Some(joined) = self.attempts.join_next().await {
+            self.finished(joined)?;
         }
         Ok(())
     }
 
-    async fn step(&self) -> Result<Step, StoreError> {
-        if let Some(finished) = self.sched.run_next().await? {
-            self.count(&finished.outcome);
-            if let AttemptOutcome::Succeeded { released, .. } = &finished.outcome
-                && !released.is_empty()
-            {
-                self.wake.notify_waiters();
-            }
-            return Ok(Step::Worked);
+    /// Claims up to `free` jobs and starts them; what to do next.
+    async fn claim(&mut self, free: usize) -> Result<Next, WorkerError> {
+        let want = free.min(self.opts.claim_batch.max(1));
+        let claimed = match self.sched.claim_many(want).await {
+            Ok(claimed) => claimed,
+            Err(e) => return self.store_error(e).map(Next::Wait),
+        };
+        self.store_errors = 0;
+        let got = claimed.len();
+        for job in claimed {
+            let sched = self.sched.clone();
+            self.attempts
+                .spawn(async move { sched.run_claimed(job).await });
         }
-        Ok(match self.idle_wait().await? {
-            Some(wait) => Step::Wait(wait),
-            None => Step::Done,
-        })
+        if got == want {
+            return Ok(Next::Claim);
+        }
+        if got > 0 || !self.attempts.is_empty() {
+            // Drained for now: what runs will wake us, or a release will.
+            return Ok(Next::Wait(self.idle_wait().await?));
+        }
+        if self.opts.until_idle && self.all_done().await? {
+            self.shutdown_now();
+            return Ok(Next::Wait(Duration::ZERO));
+        }
+        Ok(Next::Wait(self.idle_wait().await?))
     }
 
-    /// How long to wait for work; `None` when `until_idle` and all is done.
-    async fn idle_wait(&self) -> Result<Option<Duration>, StoreError> {
+    /// Counts a finished attempt; what to do next.
+    fn finished(
+        &mut self,
+        joined: Result<Result<Finished, StoreError>, tokio::task::JoinError>,
+    ) -> Result<Next, WorkerError> {
+        let finished = match joined {
+            Ok(Ok(finished)) => finished,
+            Ok(Err(e)) => return self.store_error(e).map(Next::Wait),
+            Err(e) if e.is_panic() => {
+                self.attempts.abort_all();
+                return Err(WorkerError::Panicked(panic_message(e.into_panic())));
+            }
+            Err(_) => return Ok(Next::Claim),
+        };
+        self.store_errors = 0;
+        self.count(&finished.outcome);
+        Ok(Next::Claim)
+    }
+
+    /// A restarting database or a dropped connection: back off and try
+    /// again; the pool reconnects. Anything else stops the worker.
+    fn store_error(&mut self, e: StoreError) -> Result<Duration, WorkerError> {
+        if !e.is_transient() {
+            self.attempts.abort_all();
+            return Err(e.into());
+        }
+        self.store_errors = self.store_errors.saturating_add(1);
+        let backoff = Duration::from_millis(100u64 << self.store_errors.min(6));
+        tracing::warn!("store unavailable, retrying in {backoff:?}: {e}");
+        Ok(backoff)
+    }
+
+    /// Nothing ready or running anywhere, and nothing left to repair.
+    async fn all_done(&self) -> Result<bool, StoreError> {
         let now = self.clock.now_ms();
         let summary = self.sched.store().job_summary(now).await?;
-        let busy = summary.count(JobState::Ready) + summary.count(JobState::Running);
-        if self.opts.until_idle && busy == 0 {
-            let repaired = self.sched.store().reconcile(now).await?;
-            if repaired == Default::default() {
-                return Ok(None);
-            }
-            return Ok(Some(Duration::ZERO));
+        if summary.count(JobState::Ready) + summary.count(JobState::Running) > 0 {
+            return Ok(false);
         }
+        Ok(self.sched.store().reconcile(now).await? == Default::default())
+    }
+
+    /// How long to wait for work when nothing is due: until the next job
+    /// falls due or lease expires, at most `poll`.
+    async fn idle_wait(&self) -> Result<Duration, StoreError> {
+        let now = self.clock.now_ms();
+        let summary = self.sched.store().job_summary(now).await?;
         let until_due = summary
             .next_due_at
             .map(|at| Duration::from_millis((at - now).max(0) as u64))
             .unwrap_or(self.opts.poll);
-        Ok(Some(until_due.min(self.opts.poll)))
+        Ok(until_due.min(self.opts.poll))
+    }
+
+    fn shutdown_now(&mut self) {
+        let (stop, stopped) = watch::channel(true);
+        drop(stop);
+        self.shutdown = stopped;
     }
 
     fn count(&self, outcome: &AttemptOutcome) {

@@ -131,3 +131,62 @@ crash_tests! {
     panic_after_outbox_insert_converges_after_restart: "after_outbox_insert", "panic";
     panic_after_commit_converges_after_restart: "after_commit", "panic";
 }
+
+ratchet_tests::backend_tests! {
+    process_exit_inside_a_group_commit_converges_after_restart => crash_inside_a_group_commit;
+}
+
+/// Twelve parallel stages and a join under eight worker tasks, so
+/// completions reach the group committer together; the process exits at the
+/// third completion's persist, inside whichever batch holds it. That batch
+/// rolls back whole, and a restarted worker finishes every stage once.
+async fn crash_inside_a_group_commit(backend: Backend) {
+    let Some(h) = Harness::on(backend, Arc::new(SystemClock)).await else {
+        return;
+    };
+    h.register(&["pass", "noop"]).await;
+    let mut pipeline = String::from("name = \"fan\"\n");
+    let stages: Vec<String> = (0..12).map(|i| format!("f{i}")).collect();
+    for stage in &stages {
+        pipeline.push_str(&format!(
+            "[[stage]]\nname = \"{stage}\"\nplugin = \"pass@^1\"\ninputs = {{ in = \"$input\" }}\n"
+        ));
+    }
+    pipeline.push_str(&format!(
+        "[[stage]]\nname = \"join\"\nplugin = \"noop@^1\"\nafter = {stages:?}\n"
+    ));
+    let run = h.submit(&pipeline, b"fan").await;
+
+    let mut doomed = ratchet(BIN, &h.url);
+    doomed
+        .args(["worker", "--until-idle", "--concurrency", "8"])
+        .args(["--lease-ms", "300", "--worker-id", "doomed"])
+        .env("FAILPOINTS", "after_persist=2*off->return(exit)");
+    let out = output(doomed).await;
+    assert_eq!(out.status.code(), Some(CRASH_EXIT_CODE), "{out:?}");
+    let jobs = h.store.job_list(&run).await.expect("jobs");
+    let done = jobs.iter().filter(|j| j.state.as_str() == "succeeded");
+    assert!(
+        done.count() < 3,
+        "the transaction holding the third completion rolled back"
+    );
+
+    let mut survivor = ratchet(BIN, &h.url);
+    survivor.args(["worker", "--until-idle", "--concurrency", "8"]);
+    let out = output(survivor).await;
+    assert!(out.status.success(), "restarted worker failed: {out:?}");
+
+    assert_eq!(h.run_state(&run).await, "succeeded");
+    let attempts = h.store.attempt_list(&run).await.expect("attempts");
+    for stage in stages.iter().chain([&"join".to_string()]) {
+        let won = attempts
+            .iter()
+            .filter(|a| &a.stage == stage && a.outcome == "succeeded")
+            .count();
+        assert_eq!(won, 1, "`{stage}` succeeded exactly once");
+    }
+    let artifacts = h.store.artifact_list(&run).await.expect("artifacts");
+    assert_eq!(artifacts.len(), 14, "the run's input and one per stage");
+    let audit = h.audit().await;
+    assert!(audit.is_clean(), "{audit:?}");
+}

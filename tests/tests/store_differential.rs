@@ -94,35 +94,36 @@ async fn apply(store: &dyn Store, seed: u64) -> Value {
                     worker: worker.clone(),
                     now,
                     lease_ms: 1_000,
+                    limit: rng.random_range(1..=3),
                     only_job: None,
                 };
                 let claimed = store.job_claim(claim).await.expect("claim");
-                log.push(json!([
-                    "claim",
-                    claimed.as_ref().map(|c| (c.job_id, c.attempt))
-                ]));
-                if let Some(c) = claimed {
-                    in_flight.push((c, worker));
-                }
+                let ids: Vec<_> = claimed.iter().map(|c| (c.job_id, c.attempt)).collect();
+                log.push(json!(["claim", ids]));
+                in_flight.extend(claimed.into_iter().map(|c| (c, worker.clone())));
             }
             6..=8 if !in_flight.is_empty() => {
-                let (job, worker) = in_flight.swap_remove(rng.random_range(0..in_flight.len()));
-                let bytes = format!("seed {seed} step {step}").into_bytes();
-                let complete = JobComplete {
-                    job_id: job.job_id,
-                    attempt: job.attempt,
-                    worker,
-                    outputs: vec![ProposedArtifact {
-                        name: "out".into(),
-                        media_type: "text/plain".into(),
-                        digest: sha256_hex(&bytes),
-                        bytes,
-                    }],
-                    input_digests: BTreeMap::new(),
-                    now,
-                };
-                let outcome = store.job_complete(complete).await.expect("complete");
-                log.push(json!(["complete", format!("{outcome:?}")]));
+                // A group commit of up to three attempts, zombies included.
+                let mut batch = Vec::new();
+                for _ in 0..rng.random_range(1..=3usize).min(in_flight.len()) {
+                    let (job, worker) = in_flight.swap_remove(rng.random_range(0..in_flight.len()));
+                    let bytes = format!("seed {seed} step {step} job {}", job.job_id).into_bytes();
+                    batch.push(JobComplete {
+                        job_id: job.job_id,
+                        attempt: job.attempt,
+                        worker,
+                        outputs: vec![ProposedArtifact {
+                            name: "out".into(),
+                            media_type: "text/plain".into(),
+                            digest: sha256_hex(&bytes),
+                            bytes,
+                        }],
+                        input_digests: BTreeMap::new(),
+                        now,
+                    });
+                }
+                let outcomes = store.job_complete_many(&batch).await.expect("complete");
+                log.push(json!(["complete", format!("{outcomes:?}")]));
             }
             9 if !in_flight.is_empty() => {
                 let (job, worker) = in_flight.swap_remove(rng.random_range(0..in_flight.len()));

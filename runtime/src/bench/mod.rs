@@ -62,7 +62,10 @@ pub struct FanoutPoint {
     pub stages: usize,
     pub seconds: f64,
     pub per_stage_us: f64,
-    /// Peak resident memory of this process after the run (VmHWM).
+    /// Resident memory of this process when the burn-down started, the
+    /// pipeline submitted and dropped.
+    pub rss_at_start_mb: f64,
+    /// Peak resident memory during the burn-down (VmHWM, reset at start).
     pub peak_rss_mb: f64,
 }
 
@@ -73,6 +76,8 @@ pub struct BackendReport {
     pub stage_completions_per_s: f64,
     /// `stage_completions_per_s / raw_txn_per_s`.
     pub ratio: f64,
+    /// Stage completions per commit transaction in (2) (group commit).
+    pub completions_per_commit: f64,
     pub release_latency_p50_ms: f64,
     pub release_latency_p99_ms: f64,
     pub fanout: Vec<FanoutPoint>,
@@ -103,9 +108,11 @@ pub async fn run_backend(
 ) -> anyhow::Result<BackendReport> {
     let raw = scenarios::raw_limit(scratch, config).await?;
     progress(&format!("raw limit: {raw:.0} txn/s"));
-    let wasm = scenarios::chain(scratch, config, false).await?;
-    progress(&format!("chain (Wasm): {wasm:.0} stage completions/s"));
-    let native = scenarios::chain(scratch, config, true).await?;
+    let (wasm, per_commit) = scenarios::chain(scratch, config, false).await?;
+    progress(&format!(
+        "chain (Wasm): {wasm:.0} stage completions/s, {per_commit:.1} per commit"
+    ));
+    let (native, _) = scenarios::chain(scratch, config, true).await?;
     progress(&format!("chain (native): {native:.0} stage completions/s"));
     let (p50, p99) = scenarios::release_latency(scratch, config).await?;
     progress(&format!(
@@ -117,8 +124,8 @@ pub async fn run_backend(
     for stages in [config.fanout / 10, config.fanout] {
         let point = scenarios::fanout(scratch, config, stages.max(1)).await?;
         progress(&format!(
-            "fan-out {stages}: {:.2} s, {:.0} µs/stage, peak RSS {:.0} MB",
-            point.seconds, point.per_stage_us, point.peak_rss_mb
+            "fan-out {stages}: {:.2} s, {:.0} µs/stage, RSS {:.0} MB at start, peak {:.0} MB",
+            point.seconds, point.per_stage_us, point.rss_at_start_mb, point.peak_rss_mb
         ));
         fanout.push(point);
     }
@@ -131,6 +138,7 @@ pub async fn run_backend(
         raw_txn_per_s: raw,
         stage_completions_per_s: wasm,
         ratio: wasm / raw.max(1e-9),
+        completions_per_commit: per_commit,
         release_latency_p50_ms: ms(p50),
         release_latency_p99_ms: ms(p99),
         fanout_growth: fanout[1].per_stage_us / fanout[0].per_stage_us.max(1e-9),
@@ -151,10 +159,11 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
         ("(1) raw limit, txn/s".into(), vec![]),
         ("(2) stage completions/s (Wasm chain)".into(), vec![]),
         ("    ratio (2)/(1)".into(), vec![]),
+        ("    completions per commit".into(), vec![]),
         ("(3) fan-out small: s, µs/stage".into(), vec![]),
         ("    fan-out large: s, µs/stage".into(), vec![]),
         ("    growth large/small per stage".into(), vec![]),
-        ("    peak RSS small -> large, MB".into(), vec![]),
+        ("    RSS start/peak, small; large, MB".into(), vec![]),
         ("(4) release latency p50 / p99, ms".into(), vec![]),
         ("(5) native chain, completions/s".into(), vec![]),
         ("    Wasm vs native (time ratio)".into(), vec![]),
@@ -165,6 +174,7 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
             format!("{:.0}", r.raw_txn_per_s),
             format!("{:.0}", r.stage_completions_per_s),
             format!("{:.2}", r.ratio),
+            format!("{:.1}", r.completions_per_commit),
             format!(
                 "{:.2}, {:.0}",
                 r.fanout[0].seconds, r.fanout[0].per_stage_us
@@ -175,8 +185,11 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
             ),
             format!("{:.2}", r.fanout_growth),
             format!(
-                "{:.0} -> {:.0}",
-                r.fanout[0].peak_rss_mb, r.fanout[1].peak_rss_mb
+                "{:.0}/{:.0}; {:.0}/{:.0}",
+                r.fanout[0].rss_at_start_mb,
+                r.fanout[0].peak_rss_mb,
+                r.fanout[1].rss_at_start_mb,
+                r.fanout[1].peak_rss_mb
             ),
             format!(
                 "{:.2} / {:.2}",

@@ -1,6 +1,7 @@
 //! The five scenarios of `ratchet bench`, each on a database of its own.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -128,6 +129,18 @@ impl Rig {
 
     /// Runs workers until nothing is left; returns how long that took.
     async fn burn_down(&self, sched: Arc<Scheduler>, workers: usize) -> anyhow::Result<Duration> {
+        self.burn_down_counted(sched, workers)
+            .await
+            .map(|(elapsed, _)| elapsed)
+    }
+
+    /// [`Rig::burn_down`], and the completions per commit transaction.
+    async fn burn_down_counted(
+        &self,
+        sched: Arc<Scheduler>,
+        workers: usize,
+    ) -> anyhow::Result<(Duration, f64)> {
+        let commits = sched.commit_stats().clone();
         let opts = WorkerOptions {
             concurrency: workers,
             until_idle: true,
@@ -138,9 +151,11 @@ impl Rig {
         let start = Instant::now();
         let stats = worker::run(sched, self.clock.clone(), opts, stopped).await?;
         let elapsed = start.elapsed();
-        let dead = stats.dead.load(std::sync::atomic::Ordering::Relaxed);
+        let dead = stats.dead.load(Ordering::Relaxed);
         anyhow::ensure!(dead == 0, "{dead} bench stages died: {}", stats.summary());
-        Ok(elapsed)
+        let per_commit = commits.completions.load(Ordering::Relaxed) as f64
+            / commits.transactions.load(Ordering::Relaxed).max(1) as f64;
+        Ok((elapsed, per_commit))
     }
 }
 
@@ -212,12 +227,13 @@ pub(super) async fn raw_limit(scratch: &Scratch, config: &BenchConfig) -> anyhow
     Ok(per_s(config.workers * config.raw_txns, start.elapsed()))
 }
 
-/// (2) and (5): stage completions/s burning down `runs` chains.
+/// (2) and (5): stage completions/s burning down `runs` chains, and the
+/// completions per commit transaction.
 pub(super) async fn chain(
     scratch: &Scratch,
     config: &BenchConfig,
     native: bool,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, f64)> {
     let name = if native { "chain_native" } else { "chain_wasm" };
     let rig = rig(scratch, name, config.workers).await?;
     let pipeline = chain_pipeline(config.chain)?;
@@ -225,10 +241,10 @@ pub(super) async fn chain(
         rig.submit(&pipeline, format!("run {i}").into_bytes())
             .await?;
     }
-    let elapsed = rig
-        .burn_down(rig.scheduler(native, None), config.workers)
+    let (elapsed, per_commit) = rig
+        .burn_down_counted(rig.scheduler(native, None), config.workers)
         .await?;
-    Ok(per_s(config.runs * config.chain, elapsed))
+    Ok((per_s(config.runs * config.chain, elapsed), per_commit))
 }
 
 /// (3) One run: `stages` parallel stages, then one join after all of them.
@@ -251,6 +267,10 @@ pub(super) async fn fanout(
     ));
     let pipeline = Pipeline::parse("bench fan-out", &text)?;
     rig.submit(&pipeline, b"fan".to_vec()).await?;
+    drop((text, pipeline));
+    // Only what the burn-down needs counts: the peak starts again here.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let rss_at_start_mb = memory_mb("VmRSS:");
     let elapsed = rig
         .burn_down(rig.scheduler(false, None), config.workers)
         .await?;
@@ -258,15 +278,17 @@ pub(super) async fn fanout(
         stages,
         seconds: elapsed.as_secs_f64(),
         per_stage_us: elapsed.as_secs_f64() * 1e6 / (stages + 1) as f64,
-        peak_rss_mb: peak_rss_mb(),
+        rss_at_start_mb,
+        peak_rss_mb: memory_mb("VmHWM:"),
     })
 }
 
-fn peak_rss_mb() -> f64 {
+/// A memory figure of this process from `/proc/self/status`, in MB.
+fn memory_mb(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map(|kb| kb / 1024.0)
         .unwrap_or(0.0)

@@ -1,6 +1,7 @@
 //! Durable state behind one [`Store`] trait; each backend owns its SQL
 //! (`sqlite/`). Every multi-row change is one transaction.
 
+mod complete;
 mod postgres;
 mod rows;
 mod sqlite;
@@ -36,6 +37,10 @@ pub enum StoreError {
     },
     #[error("corrupt row in `{table}`: {detail}")]
     Corrupt { table: &'static str, detail: String },
+    #[error(
+        "the worker's group committer stopped (a bug: it panicked); the attempt was not recorded and is retried once its lease expires"
+    )]
+    CommitterStopped,
 }
 
 impl StoreError {
@@ -65,7 +70,8 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// Implements `Store` for a backend: each method forwards to the function
 /// of the same concern in the backend's own modules
-/// (`plugins`, `runs`, `jobs`, `artifacts`, `audit`, `bench`), which own the SQL;
+/// (`plugins`, `runs`, `jobs`, `complete`, `artifacts`, `audit`, `bench`),
+/// which own the SQL;
 /// extra trait items (like `listen_ready`) are added as given.
 macro_rules! impl_store {
     ($store:ty { $($extra:item)* }) => {
@@ -101,11 +107,11 @@ macro_rules! impl_store {
             async fn job_repin(&self, r: JobRepin) -> Result<RepinOutcome> {
                 runs::repin(self, r).await
             }
-            async fn job_claim(&self, c: JobClaim) -> Result<Option<ClaimedJob>> {
+            async fn job_claim(&self, c: JobClaim) -> Result<Vec<ClaimedJob>> {
                 jobs::claim(self, c).await
             }
-            async fn job_complete(&self, c: JobComplete) -> Result<CompleteOutcome> {
-                jobs::complete(self, c).await
+            async fn job_complete_many(&self, batch: &[JobComplete]) -> Result<Vec<CompleteOutcome>> {
+                complete::complete_many(self, batch).await
             }
             async fn job_fail(&self, f: JobFail) -> Result<FailOutcome> {
                 jobs::fail(self, f).await
@@ -121,7 +127,7 @@ macro_rules! impl_store {
             }
             async fn artifact_put_canonical(&self, a: ArtifactPut) -> Result<CanonicalArtifact> {
                 let mut tx = self.begin_write().await?;
-                let canonical = artifacts::put_canonical_tx(&mut tx, &a).await?;
+                let canonical = artifacts::put_canonical_tx(&mut tx, a.borrowed()).await?;
                 tx.commit().await?;
                 Ok(canonical)
             }
@@ -195,12 +201,23 @@ pub trait Store: Send + Sync + 'static {
     /// A run's recorded history (upgrades), oldest first.
     async fn run_events(&self, run_id: &str) -> Result<Vec<RunEvent>>;
 
-    /// Claims one runnable job: ready and due, or running with an expired
-    /// lease and attempts left. The attempt number is the fencing token.
-    async fn job_claim(&self, c: JobClaim) -> Result<Option<ClaimedJob>>;
-    /// Commits outputs canonical-first, the job's success, its released
-    /// dependents, its outbox rows and its attempt row, in one transaction.
-    async fn job_complete(&self, c: JobComplete) -> Result<CompleteOutcome>;
+    /// Claims up to `c.limit` runnable jobs in one transaction: running
+    /// with an expired lease and attempts left, then ready and due. The
+    /// attempt number is each claim's fencing token.
+    async fn job_claim(&self, c: JobClaim) -> Result<Vec<ClaimedJob>>;
+    /// Commits, in one transaction, every attempt of `batch` that still
+    /// holds its lease: outputs canonical-first, the job's success, its
+    /// released dependents, its outbox rows and its attempt row. Each
+    /// attempt is fenced on its own; one fenced out changes nothing and
+    /// comes back [`CompleteOutcome::LeaseLost`]. Outcomes are in batch
+    /// order. An error rolls the whole batch back.
+    async fn job_complete_many(&self, batch: &[JobComplete]) -> Result<Vec<CompleteOutcome>>;
+    /// [`Store::job_complete_many`] with a batch of one.
+    async fn job_complete(&self, c: JobComplete) -> Result<CompleteOutcome> {
+        let mut outcomes = self.job_complete_many(std::slice::from_ref(&c)).await?;
+        // One outcome per batch entry, always.
+        Ok(outcomes.swap_remove(0))
+    }
     /// Records a failed attempt: retry at `retry_at`, or dead when not
     /// retryable or out of attempts (the run fails, pending jobs cancelled).
     async fn job_fail(&self, f: JobFail) -> Result<FailOutcome>;
@@ -208,8 +225,8 @@ pub trait Store: Send + Sync + 'static {
     /// Pins a waiting (`blocked` or `ready`) job of a running run to another
     /// plugin digest and records it in the run's history, in one transaction.
     async fn job_repin(&self, r: JobRepin) -> Result<RepinOutcome>;
-    /// Counts of jobs per state over all runs, and the earliest future time
-    /// at which something becomes claimable.
+    /// Counts of ready and running jobs over all runs, and the earliest
+    /// future time at which something becomes claimable.
     async fn job_summary(&self, now: i64) -> Result<JobSummary>;
 
     /// The canonical inputs of a stage: each bound input joined with the

@@ -166,8 +166,10 @@ pub struct JobClaim {
     pub worker: String,
     pub now: i64,
     pub lease_ms: i64,
+    /// Most jobs to claim (at least one is asked for).
+    pub limit: usize,
     /// Claim only this job (a scheduler choosing its own order); `None`
-    /// claims the oldest due job.
+    /// claims the oldest due jobs.
     pub only_job: Option<i64>,
 }
 
@@ -264,6 +266,8 @@ pub struct JobRow {
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct JobSummary {
+    /// Jobs per state, for the states work can still come from (`ready`
+    /// and `running`) only: an index range, however long the history.
     pub counts: BTreeMap<String, i64>,
     /// Earliest time after `now` at which a ready job falls due or a lease
     /// expires.
@@ -295,6 +299,37 @@ pub struct ArtifactPut {
     pub digest: String,
     pub attempt: i64,
     pub plugin_digest: Option<String>,
+    pub now: i64,
+}
+
+impl ArtifactPut {
+    pub(crate) fn borrowed(&self) -> CanonicalPut<'_> {
+        CanonicalPut {
+            run_id: &self.run_id,
+            stage: &self.stage,
+            output: &self.output,
+            media_type: &self.media_type,
+            bytes: &self.bytes,
+            digest: &self.digest,
+            attempt: self.attempt,
+            plugin_digest: self.plugin_digest.as_deref(),
+            now: self.now,
+        }
+    }
+}
+
+/// What the canonical-first insert binds, borrowed from whoever owns the
+/// bytes (a completion never copies its proposals).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CanonicalPut<'a> {
+    pub run_id: &'a str,
+    pub stage: &'a str,
+    pub output: &'a str,
+    pub media_type: &'a str,
+    pub bytes: &'a [u8],
+    pub digest: &'a str,
+    pub attempt: i64,
+    pub plugin_digest: Option<&'a str>,
     pub now: i64,
 }
 

@@ -7,7 +7,10 @@ use super::*;
 /// `INSERT … ON CONFLICT DO NOTHING RETURNING`, and when nothing comes back,
 /// read the winner (which, under READ COMMITTED, a concurrent inserter has
 /// committed by the time the insert returns).
-pub(super) async fn put_canonical_tx(tx: &mut Tx, a: &ArtifactPut) -> Result<CanonicalArtifact> {
+pub(super) async fn put_canonical_tx(
+    tx: &mut Tx,
+    a: CanonicalPut<'_>,
+) -> Result<CanonicalArtifact> {
     let inserted: Option<String> = sqlx::query_scalar(
         "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size, attempt,
                                 plugin_digest, created_at)
@@ -15,15 +18,15 @@ pub(super) async fn put_canonical_tx(tx: &mut Tx, a: &ArtifactPut) -> Result<Can
          ON CONFLICT (run_id, stage, output) DO NOTHING
          RETURNING digest",
     )
-    .bind(&a.run_id)
-    .bind(&a.stage)
-    .bind(&a.output)
-    .bind(&a.media_type)
-    .bind(&a.bytes)
-    .bind(&a.digest)
+    .bind(a.run_id)
+    .bind(a.stage)
+    .bind(a.output)
+    .bind(a.media_type)
+    .bind(a.bytes)
+    .bind(a.digest)
     .bind(a.bytes.len() as i64)
     .bind(a.attempt)
-    .bind(&a.plugin_digest)
+    .bind(a.plugin_digest)
     .bind(a.now)
     .fetch_optional(&mut **tx)
     .await?;
@@ -36,9 +39,9 @@ pub(super) async fn put_canonical_tx(tx: &mut Tx, a: &ArtifactPut) -> Result<Can
     let digest: String = sqlx::query_scalar(
         "SELECT digest FROM artifacts WHERE run_id = $1 AND stage = $2 AND output = $3",
     )
-    .bind(&a.run_id)
-    .bind(&a.stage)
-    .bind(&a.output)
+    .bind(a.run_id)
+    .bind(a.stage)
+    .bind(a.output)
     .fetch_one(&mut **tx)
     .await?;
     Ok(CanonicalArtifact {

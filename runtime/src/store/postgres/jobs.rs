@@ -1,7 +1,5 @@
-//! `jobs`, `edges` and `attempts`: claim, complete, fail, reconcile.
-//!
-//! Lock order, to keep concurrent completions from deadlocking: the job's
-//! own row (the fence), then dependents in stage order, then the run row.
+//! `jobs`, `edges` and `attempts`: claim, fail, reconcile (completions are
+//! in `complete.rs`, locking in the order `store::complete` gives).
 
 use std::collections::BTreeMap;
 
@@ -22,74 +20,104 @@ pub(super) async fn list<'e>(
     rows.iter().map(rows::job_row).collect()
 }
 
-pub(super) async fn claim(store: &PostgresStore, c: JobClaim) -> Result<Option<ClaimedJob>> {
+/// Claims up to `c.limit` jobs in one transaction: expired leases with
+/// attempts left first (a dead worker's jobs), then ready jobs, oldest due
+/// first; rows another claimer holds are skipped, not waited for.
+pub(super) async fn claim(store: &PostgresStore, c: JobClaim) -> Result<Vec<ClaimedJob>> {
+    let limit = c.limit.max(1) as i64;
     let mut tx = store.begin_write().await?;
-    let candidate = sqlx::query(
-        "SELECT id, state, attempt FROM jobs
-         WHERE ((state = 'ready' AND next_run_at <= $1)
-             OR (state = 'running' AND lease_expires_at <= $1 AND attempt < max_attempts))
+    let expired: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT id, attempt FROM jobs
+         WHERE state = 'running' AND lease_expires_at <= $1 AND attempt < max_attempts
            AND ($2::BIGINT IS NULL OR id = $2)
-         ORDER BY next_run_at, id LIMIT 1
+         ORDER BY lease_expires_at, id LIMIT $3
          FOR UPDATE SKIP LOCKED",
     )
     .bind(c.now)
     .bind(c.only_job)
-    .fetch_optional(&mut *tx)
+    .bind(limit)
+    .fetch_all(&mut *tx)
     .await?;
-    let Some(candidate) = candidate else {
-        return Ok(None);
-    };
-    let job_id: i64 = candidate.try_get("id")?;
-    let state: String = candidate.try_get("state")?;
-    if state == "running" {
-        let previous: i64 = candidate.try_get("attempt")?;
+    let mut ids: Vec<i64> = expired.iter().map(|(id, _)| *id).collect();
+    if ids.len() < limit as usize {
+        let ready: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM jobs
+             WHERE state = 'ready' AND next_run_at <= $1 AND ($2::BIGINT IS NULL OR id = $2)
+             ORDER BY next_run_at, id LIMIT $3
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind(c.now)
+        .bind(c.only_job)
+        .bind(limit - ids.len() as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+        ids.extend(ready);
+    }
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    if !expired.is_empty() {
+        let (jobs, attempts): (Vec<i64>, Vec<i64>) = expired.into_iter().unzip();
         sqlx::query(
             "UPDATE attempts SET outcome = 'lease_expired', finished_at = $1,
                     error = 'lease expired before the attempt finished; job taken over'
-             WHERE job_id = $2 AND attempt = $3 AND outcome = 'running'",
+             FROM UNNEST($2::BIGINT[], $3::BIGINT[]) AS x(job_id, attempt)
+             WHERE attempts.job_id = x.job_id AND attempts.attempt = x.attempt
+               AND attempts.outcome = 'running'",
         )
         .bind(c.now)
-        .bind(job_id)
-        .bind(previous)
+        .bind(&jobs)
+        .bind(&attempts)
         .execute(&mut *tx)
         .await?;
     }
     let lease_expires_at = c.now + c.lease_ms;
-    let row = sqlx::query(
+    let rows = sqlx::query(
         "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = $1,
                 lease_expires_at = $2, updated_at = $3
-         WHERE id = $4
-         RETURNING run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits",
+         WHERE id = ANY($4)
+         RETURNING id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits",
     )
     .bind(&c.worker)
     .bind(lease_expires_at)
     .bind(c.now)
-    .bind(job_id)
-    .fetch_one(&mut *tx)
+    .bind(&ids)
+    .fetch_all(&mut *tx)
     .await?;
-    let claimed = rows::claimed_job(&row, job_id, lease_expires_at)?;
-    let seq = next_seq(&mut tx).await?;
+    let mut claimed = rows
+        .iter()
+        .map(|row| rows::claimed_job(row, row.try_get("id")?, lease_expires_at))
+        .collect::<Result<Vec<_>>>()?;
+    claimed.sort_by_key(|job| ids.iter().position(|id| *id == job.job_id));
+    let column = |f: fn(&ClaimedJob) -> String| claimed.iter().map(f).collect::<Vec<_>>();
     sqlx::query(
         "INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest, claim_seq,
                                claimed_at, outcome)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'running')",
+         SELECT job_id, attempt, run_id, stage, $1, plugin_digest, nextval('ratchet_seq'), $2,
+                'running'
+         FROM UNNEST($3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::TEXT[], $7::TEXT[])
+              AS x(job_id, attempt, run_id, stage, plugin_digest)",
     )
-    .bind(job_id)
-    .bind(claimed.attempt)
-    .bind(&claimed.run_id)
-    .bind(&claimed.stage)
     .bind(&c.worker)
-    .bind(&claimed.plugin_digest)
-    .bind(seq)
     .bind(c.now)
+    .bind(claimed.iter().map(|j| j.job_id).collect::<Vec<_>>())
+    .bind(claimed.iter().map(|j| j.attempt).collect::<Vec<_>>())
+    .bind(column(|j| j.run_id.clone()))
+    .bind(column(|j| j.stage.clone()))
+    .bind(column(|j| j.plugin_digest.clone()))
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(Some(claimed))
+    Ok(claimed)
 }
 
 /// Locks and returns the job row if `(job, attempt, worker)` holds the lease.
-async fn fence(tx: &mut Tx, job_id: i64, attempt: i64, worker: &str) -> Result<Option<PgRow>> {
+pub(super) async fn fence(
+    tx: &mut Tx,
+    job_id: i64,
+    attempt: i64,
+    worker: &str,
+) -> Result<Option<PgRow>> {
     Ok(sqlx::query(
         "SELECT run_id, stage, plugin_digest, emits, max_attempts FROM jobs
          WHERE id = $1 AND attempt = $2 AND lease_owner = $3 AND state = 'running'
@@ -100,175 +128,6 @@ async fn fence(tx: &mut Tx, job_id: i64, attempt: i64, worker: &str) -> Result<O
     .bind(worker)
     .fetch_optional(&mut **tx)
     .await?)
-}
-
-pub(super) async fn complete(store: &PostgresStore, mut c: JobComplete) -> Result<CompleteOutcome> {
-    let mut tx = store.begin_write().await?;
-    let Some(job) = fence(&mut tx, c.job_id, c.attempt, &c.worker).await? else {
-        return Ok(CompleteOutcome::LeaseLost);
-    };
-    let run_id: String = job.try_get("run_id")?;
-    let stage: String = job.try_get("stage")?;
-    let plugin_digest: String = job.try_get("plugin_digest")?;
-    let emits = rows::json_list("jobs", &job.try_get::<String, _>("emits")?)?;
-
-    let mut outputs = Vec::with_capacity(c.outputs.len());
-    // The proposals are moved into the insert, never copied.
-    for proposed in std::mem::take(&mut c.outputs) {
-        let put = ArtifactPut {
-            run_id: run_id.clone(),
-            stage: stage.clone(),
-            output: proposed.name,
-            media_type: proposed.media_type,
-            bytes: proposed.bytes,
-            digest: proposed.digest,
-            attempt: c.attempt,
-            plugin_digest: Some(plugin_digest.clone()),
-            now: c.now,
-        };
-        let canonical = artifacts::put_canonical_tx(&mut tx, &put).await?;
-        outputs.push(CanonicalOutput {
-            name: put.output,
-            digest: canonical.digest,
-            proposed_digest: put.digest,
-            won: canonical.inserted,
-        });
-    }
-    crate::crash::point("after_persist");
-
-    let canonical: BTreeMap<&str, &str> = outputs
-        .iter()
-        .map(|o| (o.name.as_str(), o.digest.as_str()))
-        .collect();
-    for event in &emits {
-        let payload = serde_json::json!({
-            "event": event,
-            "run_id": run_id,
-            "stage": stage,
-            "inputs": c.input_digests,
-            "outputs": canonical,
-        });
-        sqlx::query(
-            "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (dedup_key) DO NOTHING",
-        )
-        .bind(format!("{run_id}/{stage}/{event}"))
-        .bind(&run_id)
-        .bind(&stage)
-        .bind(event)
-        .bind(payload.to_string())
-        .bind(c.now)
-        .execute(&mut *tx)
-        .await?;
-    }
-    crate::crash::point("after_outbox_insert");
-
-    let seq = next_seq(&mut tx).await?;
-    sqlx::query(
-        "UPDATE jobs SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,
-                last_error = NULL, succeeded_seq = $1, updated_at = $2
-         WHERE id = $3",
-    )
-    .bind(seq)
-    .bind(c.now)
-    .bind(c.job_id)
-    .execute(&mut *tx)
-    .await?;
-    let released = release_dependents(&mut tx, &run_id, &stage, c.now).await?;
-    if !released.is_empty() {
-        notify_ready(&mut tx).await?;
-    }
-
-    let proposals: BTreeMap<&str, &str> = outputs
-        .iter()
-        .map(|o| (o.name.as_str(), o.proposed_digest.as_str()))
-        .collect();
-    sqlx::query(
-        "UPDATE attempts SET outcome = 'succeeded', finished_at = $1, input_digests = $2,
-                proposal_digests = $3, canonical_digests = $4, proposal_won = $5
-         WHERE job_id = $6 AND attempt = $7",
-    )
-    .bind(c.now)
-    .bind(to_json(&c.input_digests))
-    .bind(to_json(&proposals))
-    .bind(to_json(&canonical))
-    .bind(i64::from(outputs.iter().all(|o| o.won)))
-    .bind(c.job_id)
-    .bind(c.attempt)
-    .execute(&mut *tx)
-    .await?;
-    finish_run_if_done(&mut tx, &run_id, c.now).await?;
-    tx.commit().await?;
-    Ok(CompleteOutcome::Completed { outputs, released })
-}
-
-/// Satisfies `stage`'s out-edges and decrements each dependent by the edges
-/// just satisfied. Decrementing an already-locked row reads its latest
-/// version, so two predecessors finishing at once cannot both miss each
-/// other (a recount in one statement could, under READ COMMITTED).
-async fn release_dependents(
-    tx: &mut Tx,
-    run_id: &str,
-    stage: &str,
-    now: i64,
-) -> Result<Vec<String>> {
-    let satisfied: Vec<String> = sqlx::query_scalar(
-        "UPDATE edges SET satisfied = 1
-         WHERE run_id = $1 AND from_stage = $2 AND satisfied = 0
-         RETURNING to_stage",
-    )
-    .bind(run_id)
-    .bind(stage)
-    .fetch_all(&mut **tx)
-    .await?;
-    let mut per_dependent: BTreeMap<String, i64> = BTreeMap::new();
-    for to in satisfied {
-        *per_dependent.entry(to).or_default() += 1;
-    }
-    let mut released = Vec::new();
-    for (dependent, n) in per_dependent {
-        let state: Option<String> = sqlx::query_scalar(
-            "UPDATE jobs SET pending = pending - $1,
-                    state = CASE WHEN state = 'blocked' AND pending - $1 <= 0 THEN 'ready' ELSE state END,
-                    next_run_at = CASE WHEN state = 'blocked' AND pending - $1 <= 0 THEN $2 ELSE next_run_at END,
-                    updated_at = $2
-             WHERE run_id = $3 AND stage = $4
-             RETURNING state",
-        )
-        .bind(n)
-        .bind(now)
-        .bind(run_id)
-        .bind(&dependent)
-        .fetch_optional(&mut **tx)
-        .await?;
-        if state.as_deref() == Some("ready") {
-            released.push(dependent);
-        }
-    }
-    Ok(released)
-}
-
-/// Locks the run row first, so the last two completions of a run cannot
-/// each miss the other's success. `NO KEY UPDATE`, not `UPDATE`: the
-/// artifact and outbox inserts before it hold `KEY SHARE` on the run row
-/// (their foreign keys), and two completions upgrading to `UPDATE` from
-/// there deadlock.
-async fn finish_run_if_done(tx: &mut Tx, run_id: &str, now: i64) -> Result<u64> {
-    sqlx::query("SELECT id FROM runs WHERE id = $1 FOR NO KEY UPDATE")
-        .bind(run_id)
-        .fetch_optional(&mut **tx)
-        .await?;
-    Ok(sqlx::query(
-        "UPDATE runs SET state = 'succeeded', finished_at = $1
-         WHERE id = $2 AND state = 'running'
-           AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = $2
-                             AND state IN ('blocked', 'ready', 'running', 'failed', 'dead', 'cancelled'))",
-    )
-    .bind(now)
-    .bind(run_id)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected())
 }
 
 /// Dead job, cancelled not-yet-started jobs, failed run: jobs before the
@@ -342,9 +201,11 @@ pub(super) async fn fail(store: &PostgresStore, f: JobFail) -> Result<FailOutcom
 }
 
 pub(super) async fn summary(store: &PostgresStore, now: i64) -> Result<JobSummary> {
-    let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
-        .fetch_all(&store.pool)
-        .await?;
+    let rows = sqlx::query(
+        "SELECT state, COUNT(*) AS n FROM jobs WHERE state IN ('ready', 'running') GROUP BY state",
+    )
+    .fetch_all(&store.pool)
+    .await?;
     let mut counts = BTreeMap::new();
     for row in rows {
         counts.insert(

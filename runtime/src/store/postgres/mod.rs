@@ -5,6 +5,7 @@
 mod artifacts;
 mod audit;
 mod bench;
+mod complete;
 mod jobs;
 mod plugins;
 mod runs;

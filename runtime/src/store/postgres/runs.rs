@@ -33,7 +33,7 @@ pub(super) async fn submit(store: &PostgresStore, r: RunSubmit) -> Result<RunSub
         plugin_digest: None,
         now: r.now,
     };
-    artifacts::put_canonical_tx(&mut tx, &input).await?;
+    artifacts::put_canonical_tx(&mut tx, input.borrowed()).await?;
     for job in &r.jobs {
         let pending = r.edges.iter().filter(|e| e.to_stage == job.stage).count() as i64;
         let state = if pending == 0 { "ready" } else { "blocked" };

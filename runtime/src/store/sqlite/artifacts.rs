@@ -9,7 +9,10 @@ const META_COLUMNS: &str =
 
 /// `INSERT … ON CONFLICT DO NOTHING RETURNING`, and when nothing comes back,
 /// read the winner. The returned digest is the only one callers may use.
-pub(super) async fn put_canonical_tx(tx: &mut Tx, a: &ArtifactPut) -> Result<CanonicalArtifact> {
+pub(super) async fn put_canonical_tx(
+    tx: &mut Tx,
+    a: CanonicalPut<'_>,
+) -> Result<CanonicalArtifact> {
     let inserted: Option<String> = sqlx::query_scalar(
         "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size, attempt,
                                 plugin_digest, created_at)
@@ -17,15 +20,15 @@ pub(super) async fn put_canonical_tx(tx: &mut Tx, a: &ArtifactPut) -> Result<Can
          ON CONFLICT (run_id, stage, output) DO NOTHING
          RETURNING digest",
     )
-    .bind(&a.run_id)
-    .bind(&a.stage)
-    .bind(&a.output)
-    .bind(&a.media_type)
-    .bind(&a.bytes)
-    .bind(&a.digest)
+    .bind(a.run_id)
+    .bind(a.stage)
+    .bind(a.output)
+    .bind(a.media_type)
+    .bind(a.bytes)
+    .bind(a.digest)
     .bind(a.bytes.len() as i64)
     .bind(a.attempt)
-    .bind(&a.plugin_digest)
+    .bind(a.plugin_digest)
     .bind(a.now)
     .fetch_optional(&mut **tx)
     .await?;
@@ -38,9 +41,9 @@ pub(super) async fn put_canonical_tx(tx: &mut Tx, a: &ArtifactPut) -> Result<Can
     let digest: String = sqlx::query_scalar(
         "SELECT digest FROM artifacts WHERE run_id = ? AND stage = ? AND output = ?",
     )
-    .bind(&a.run_id)
-    .bind(&a.stage)
-    .bind(&a.output)
+    .bind(a.run_id)
+    .bind(a.stage)
+    .bind(a.output)
     .fetch_one(&mut **tx)
     .await?;
     Ok(CanonicalArtifact {

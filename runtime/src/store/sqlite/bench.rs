@@ -6,7 +6,7 @@ use super::*;
 
 pub(super) async fn raw_completion(store: &SqliteStore, r: RawCompletion) -> Result<()> {
     let mut tx = store.begin_write().await?;
-    artifacts::put_canonical_tx(&mut tx, &r.artifact).await?;
+    artifacts::put_canonical_tx(&mut tx, r.artifact.borrowed()).await?;
     sqlx::query("UPDATE jobs SET updated_at = ? WHERE id = ?")
         .bind(r.artifact.now)
         .bind(r.job_id)

@@ -1,4 +1,5 @@
-//! `jobs`, `edges` and `attempts`: claim, complete, fail, reconcile.
+//! `jobs`, `edges` and `attempts`: claim, fail, reconcile (completions are
+//! in `complete.rs`).
 
 use std::collections::BTreeMap;
 
@@ -18,26 +19,35 @@ pub(super) async fn list<'e>(
     rows.iter().map(rows::job_row).collect()
 }
 
-pub(super) async fn claim(store: &SqliteStore, c: JobClaim) -> Result<Option<ClaimedJob>> {
+/// Claims up to `c.limit` jobs in one transaction: expired leases with
+/// attempts left first (a dead worker's jobs), then ready jobs, oldest due
+/// first. Each query walks `jobs_claimable` in order; one query with an
+/// `OR` of both cases sorted every due job on every claim.
+pub(super) async fn claim(store: &SqliteStore, c: JobClaim) -> Result<Vec<ClaimedJob>> {
+    let limit = c.limit.max(1) as i64;
     let mut tx = store.begin_write().await?;
-    let candidate = sqlx::query(
-        "SELECT id, state, attempt FROM jobs
-         WHERE ((state = 'ready' AND next_run_at <= ?1)
-             OR (state = 'running' AND lease_expires_at <= ?1 AND attempt < max_attempts))
+    let expired: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT id, attempt FROM jobs
+         WHERE state = 'running' AND lease_expires_at <= ?1 AND attempt < max_attempts
            AND (?2 IS NULL OR id = ?2)
-         ORDER BY next_run_at, id LIMIT 1",
+         ORDER BY lease_expires_at, id LIMIT ?3",
     )
     .bind(c.now)
     .bind(c.only_job)
-    .fetch_optional(&mut *tx)
+    .bind(limit)
+    .fetch_all(&mut *tx)
     .await?;
-    let Some(candidate) = candidate else {
-        return Ok(None);
-    };
-    let job_id: i64 = candidate.try_get("id")?;
-    let state: String = candidate.try_get("state")?;
-    if state == "running" {
-        let previous: i64 = candidate.try_get("attempt")?;
+    let ready: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM jobs
+         WHERE state = 'ready' AND next_run_at <= ?1 AND (?2 IS NULL OR id = ?2)
+         ORDER BY next_run_at, id LIMIT ?3",
+    )
+    .bind(c.now)
+    .bind(c.only_job)
+    .bind(limit - expired.len() as i64)
+    .fetch_all(&mut *tx)
+    .await?;
+    for (job_id, previous) in &expired {
         sqlx::query(
             "UPDATE attempts SET outcome = 'lease_expired', finished_at = ?,
                     error = 'lease expired before the attempt finished; job taken over'
@@ -50,41 +60,50 @@ pub(super) async fn claim(store: &SqliteStore, c: JobClaim) -> Result<Option<Cla
         .await?;
     }
     let lease_expires_at = c.now + c.lease_ms;
-    let row = sqlx::query(
-        "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?,
-                lease_expires_at = ?, updated_at = ?
-         WHERE id = ?
-         RETURNING run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits",
-    )
-    .bind(&c.worker)
-    .bind(lease_expires_at)
-    .bind(c.now)
-    .bind(job_id)
-    .fetch_one(&mut *tx)
-    .await?;
-    let claimed = rows::claimed_job(&row, job_id, lease_expires_at)?;
-    let seq = next_seq(&mut tx).await?;
-    sqlx::query(
-        "INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest, claim_seq,
-                               claimed_at, outcome)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running')",
-    )
-    .bind(job_id)
-    .bind(claimed.attempt)
-    .bind(&claimed.run_id)
-    .bind(&claimed.stage)
-    .bind(&c.worker)
-    .bind(&claimed.plugin_digest)
-    .bind(seq)
-    .bind(c.now)
-    .execute(&mut *tx)
-    .await?;
+    let mut claimed = Vec::with_capacity(expired.len() + ready.len());
+    for job_id in expired.iter().map(|(id, _)| *id).chain(ready) {
+        let row = sqlx::query(
+            "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?,
+                    lease_expires_at = ?, updated_at = ?
+             WHERE id = ?
+             RETURNING run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits",
+        )
+        .bind(&c.worker)
+        .bind(lease_expires_at)
+        .bind(c.now)
+        .bind(job_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        let job = rows::claimed_job(&row, job_id, lease_expires_at)?;
+        let seq = next_seq(&mut tx).await?;
+        sqlx::query(
+            "INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest,
+                                   claim_seq, claimed_at, outcome)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running')",
+        )
+        .bind(job_id)
+        .bind(job.attempt)
+        .bind(&job.run_id)
+        .bind(&job.stage)
+        .bind(&c.worker)
+        .bind(&job.plugin_digest)
+        .bind(seq)
+        .bind(c.now)
+        .execute(&mut *tx)
+        .await?;
+        claimed.push(job);
+    }
     tx.commit().await?;
-    Ok(Some(claimed))
+    Ok(claimed)
 }
 
 /// The job row, if `(job, attempt, worker)` still holds the lease.
-async fn fence(tx: &mut Tx, job_id: i64, attempt: i64, worker: &str) -> Result<Option<SqliteRow>> {
+pub(super) async fn fence(
+    tx: &mut Tx,
+    job_id: i64,
+    attempt: i64,
+    worker: &str,
+) -> Result<Option<SqliteRow>> {
     Ok(sqlx::query(
         "SELECT run_id, stage, plugin_digest, emits, max_attempts FROM jobs
          WHERE id = ? AND attempt = ? AND lease_owner = ? AND state = 'running'",
@@ -94,165 +113,6 @@ async fn fence(tx: &mut Tx, job_id: i64, attempt: i64, worker: &str) -> Result<O
     .bind(worker)
     .fetch_optional(&mut **tx)
     .await?)
-}
-
-pub(super) async fn complete(store: &SqliteStore, mut c: JobComplete) -> Result<CompleteOutcome> {
-    let mut tx = store.begin_write().await?;
-    let Some(job) = fence(&mut tx, c.job_id, c.attempt, &c.worker).await? else {
-        return Ok(CompleteOutcome::LeaseLost);
-    };
-    let run_id: String = job.try_get("run_id")?;
-    let stage: String = job.try_get("stage")?;
-    let plugin_digest: String = job.try_get("plugin_digest")?;
-    let emits = rows::json_list("jobs", &job.try_get::<String, _>("emits")?)?;
-
-    let mut outputs = Vec::with_capacity(c.outputs.len());
-    // The proposals are moved into the insert, never copied.
-    for proposed in std::mem::take(&mut c.outputs) {
-        let put = ArtifactPut {
-            run_id: run_id.clone(),
-            stage: stage.clone(),
-            output: proposed.name,
-            media_type: proposed.media_type,
-            bytes: proposed.bytes,
-            digest: proposed.digest,
-            attempt: c.attempt,
-            plugin_digest: Some(plugin_digest.clone()),
-            now: c.now,
-        };
-        let canonical = artifacts::put_canonical_tx(&mut tx, &put).await?;
-        outputs.push(CanonicalOutput {
-            name: put.output,
-            digest: canonical.digest,
-            proposed_digest: put.digest,
-            won: canonical.inserted,
-        });
-    }
-    crate::crash::point("after_persist");
-
-    let canonical: BTreeMap<&str, &str> = outputs
-        .iter()
-        .map(|o| (o.name.as_str(), o.digest.as_str()))
-        .collect();
-    for event in &emits {
-        let payload = serde_json::json!({
-            "event": event,
-            "run_id": run_id,
-            "stage": stage,
-            "inputs": c.input_digests,
-            "outputs": canonical,
-        });
-        sqlx::query(
-            "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
-             VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (dedup_key) DO NOTHING",
-        )
-        .bind(format!("{run_id}/{stage}/{event}"))
-        .bind(&run_id)
-        .bind(&stage)
-        .bind(event)
-        .bind(payload.to_string())
-        .bind(c.now)
-        .execute(&mut *tx)
-        .await?;
-    }
-    crate::crash::point("after_outbox_insert");
-
-    let seq = next_seq(&mut tx).await?;
-    sqlx::query(
-        "UPDATE jobs SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,
-                last_error = NULL, succeeded_seq = ?, updated_at = ?
-         WHERE id = ?",
-    )
-    .bind(seq)
-    .bind(c.now)
-    .bind(c.job_id)
-    .execute(&mut *tx)
-    .await?;
-    let released = release_dependents(&mut tx, &run_id, &stage, c.now).await?;
-
-    let proposals: BTreeMap<&str, &str> = outputs
-        .iter()
-        .map(|o| (o.name.as_str(), o.proposed_digest.as_str()))
-        .collect();
-    sqlx::query(
-        "UPDATE attempts SET outcome = 'succeeded', finished_at = ?, input_digests = ?,
-                proposal_digests = ?, canonical_digests = ?, proposal_won = ?
-         WHERE job_id = ? AND attempt = ?",
-    )
-    .bind(c.now)
-    .bind(to_json(&c.input_digests))
-    .bind(to_json(&proposals))
-    .bind(to_json(&canonical))
-    .bind(outputs.iter().all(|o| o.won))
-    .bind(c.job_id)
-    .bind(c.attempt)
-    .execute(&mut *tx)
-    .await?;
-    finish_run_if_done(&mut tx, &run_id, c.now).await?;
-    tx.commit().await?;
-    Ok(CompleteOutcome::Completed { outputs, released })
-}
-
-/// Satisfies the edges out of `stage`, takes each dependent's `pending` down
-/// by the edges it just got, and makes those at zero ready. Only edges that
-/// were unsatisfied count, so running it twice changes nothing; a recount
-/// on every completion grew with the number of edges into a join
-/// (BENCHMARKS.md). The reconciler's recount repairs any drift, as on
-/// Postgres (ADR 0005).
-async fn release_dependents(
-    tx: &mut Tx,
-    run_id: &str,
-    stage: &str,
-    now: i64,
-) -> Result<Vec<String>> {
-    let satisfied: Vec<String> = sqlx::query_scalar(
-        "UPDATE edges SET satisfied = 1
-         WHERE run_id = ? AND from_stage = ? AND satisfied = 0
-         RETURNING to_stage",
-    )
-    .bind(run_id)
-    .bind(stage)
-    .fetch_all(&mut **tx)
-    .await?;
-    let mut per_dependent: BTreeMap<String, i64> = BTreeMap::new();
-    for to in satisfied {
-        *per_dependent.entry(to).or_default() += 1;
-    }
-    let mut released = Vec::new();
-    for (dependent, n) in per_dependent {
-        let state: Option<String> = sqlx::query_scalar(
-            "UPDATE jobs SET pending = pending - ?1,
-                    state = CASE WHEN state = 'blocked' AND pending - ?1 <= 0 THEN 'ready' ELSE state END,
-                    next_run_at = CASE WHEN state = 'blocked' AND pending - ?1 <= 0 THEN ?2 ELSE next_run_at END,
-                    updated_at = ?2
-             WHERE run_id = ?3 AND stage = ?4
-             RETURNING state",
-        )
-        .bind(n)
-        .bind(now)
-        .bind(run_id)
-        .bind(&dependent)
-        .fetch_optional(&mut **tx)
-        .await?;
-        if state.as_deref() == Some("ready") {
-            released.push(dependent);
-        }
-    }
-    Ok(released)
-}
-
-async fn finish_run_if_done(tx: &mut Tx, run_id: &str, now: i64) -> Result<u64> {
-    Ok(sqlx::query(
-        "UPDATE runs SET state = 'succeeded', finished_at = ?1
-         WHERE id = ?2 AND state = 'running'
-           AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = ?2
-                             AND state IN ('blocked', 'ready', 'running', 'failed', 'dead', 'cancelled'))",
-    )
-    .bind(now)
-    .bind(run_id)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected())
 }
 
 /// Marks the job dead, the run failed and every job that has not started
@@ -326,9 +186,11 @@ pub(super) async fn fail(store: &SqliteStore, f: JobFail) -> Result<FailOutcome>
 }
 
 pub(super) async fn summary(store: &SqliteStore, now: i64) -> Result<JobSummary> {
-    let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
-        .fetch_all(&store.pool)
-        .await?;
+    let rows = sqlx::query(
+        "SELECT state, COUNT(*) AS n FROM jobs WHERE state IN ('ready', 'running') GROUP BY state",
+    )
+    .fetch_all(&store.pool)
+    .await?;
     let mut counts = BTreeMap::new();
     for row in rows {
         counts.insert(

@@ -35,7 +35,7 @@ pub(super) async fn submit(store: &SqliteStore, r: RunSubmit) -> Result<RunSubmi
         plugin_digest: None,
         now: r.now,
     };
-    artifacts::put_canonical_tx(&mut tx, &input).await?;
+    artifacts::put_canonical_tx(&mut tx, input.borrowed()).await?;
     for job in &r.jobs {
         let pending = r.edges.iter().filter(|e| e.to_stage == job.stage).count() as i64;
         let state = if pending == 0 { "ready" } else { "blocked" };

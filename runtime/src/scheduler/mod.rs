@@ -1,6 +1,9 @@
 //! One attempt, start to finish: claim → canonical inputs → plugin →
 //! complete (or fail) in one transaction. The worker loop drives it; tests
-//! drive it step by step in any order they like.
+//! drive it step by step in any order they like. Completions go through
+//! one group committer per scheduler (`group_commit`).
+
+mod group_commit;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,6 +18,8 @@ use crate::store::{
     CanonicalOutput, ClaimedJob, CompleteOutcome, FailOutcome, JobClaim, JobComplete, JobFail,
     ProposedArtifact, Store, StoreError,
 };
+pub use group_commit::CommitStats;
+use group_commit::GroupCommit;
 
 /// Exponential backoff with jitter: `base * 2^(attempt-1)`, capped, then
 /// scaled by a random factor in `[1 - jitter, 1 + jitter]`.
@@ -51,6 +56,8 @@ pub struct SchedulerConfig {
     pub worker_id: String,
     pub lease_ms: i64,
     pub backoff: Backoff,
+    /// Most completions committed in one transaction.
+    pub commit_batch: usize,
 }
 
 impl SchedulerConfig {
@@ -59,6 +66,7 @@ impl SchedulerConfig {
             worker_id: worker_id.into(),
             lease_ms: 60_000,
             backoff: Backoff::default(),
+            commit_batch: 64,
         }
     }
 }
@@ -118,6 +126,7 @@ pub struct Scheduler {
     host: Arc<PluginHost>,
     clock: Arc<dyn Clock>,
     config: SchedulerConfig,
+    commits: GroupCommit,
     native: Option<Arc<dyn NativeStage>>,
     probe: Option<Arc<dyn SchedulerProbe>>,
 }
@@ -130,6 +139,7 @@ impl Scheduler {
         config: SchedulerConfig,
     ) -> Self {
         Self {
+            commits: GroupCommit::new(store.clone(), config.commit_batch),
             store,
             host,
             clock,
@@ -158,20 +168,39 @@ impl Scheduler {
         &self.config
     }
 
+    /// Completions committed so far, and in how many transactions.
+    pub fn commit_stats(&self) -> &Arc<CommitStats> {
+        self.commits.stats()
+    }
+
     /// Claims the oldest due job, or exactly `only_job` when given.
     pub async fn claim(&self, only_job: Option<i64>) -> Result<Option<ClaimedJob>, StoreError> {
+        Ok(self.claim_jobs(1, only_job).await?.pop())
+    }
+
+    /// Claims up to `limit` due jobs in one transaction.
+    pub async fn claim_many(&self, limit: usize) -> Result<Vec<ClaimedJob>, StoreError> {
+        self.claim_jobs(limit, None).await
+    }
+
+    async fn claim_jobs(
+        &self,
+        limit: usize,
+        only_job: Option<i64>,
+    ) -> Result<Vec<ClaimedJob>, StoreError> {
         let claimed = self
             .store
             .job_claim(JobClaim {
                 worker: self.config.worker_id.clone(),
                 now: self.clock.now_ms(),
                 lease_ms: self.config.lease_ms,
+                limit,
                 only_job,
             })
             .await?;
-        if let Some(job) = &claimed {
+        if !claimed.is_empty() {
             if let Some(probe) = &self.probe {
-                probe.claimed(job);
+                claimed.iter().for_each(|job| probe.claimed(job));
             }
             crash::point("after_claim");
         }
@@ -241,7 +270,8 @@ impl Scheduler {
         })
     }
 
-    /// Commits the attempt's result: completion (canonical-first) or failure.
+    /// Commits the attempt's result: a completion (canonical-first, through
+    /// the group committer) or a failure.
     pub async fn finish(
         &self,
         job: &ClaimedJob,
@@ -267,7 +297,7 @@ impl Scheduler {
                     input_digests: execution.input_digests.clone(),
                     now,
                 };
-                match self.store.job_complete(complete).await? {
+                match self.commits.complete(complete).await? {
                     CompleteOutcome::Completed { outputs, released } => {
                         if let Some(probe) = &self.probe {
                             probe.released(&job.run_id, &released);
@@ -328,14 +358,6 @@ impl Scheduler {
             outcome,
             report: execution.report,
         })
-    }
-
-    /// Claim, execute and finish the next due job, if any.
-    pub async fn run_next(&self) -> Result<Option<Finished>, StoreError> {
-        match self.claim(None).await? {
-            Some(job) => self.run_claimed(job).await.map(Some),
-            None => Ok(None),
-        }
     }
 }
 

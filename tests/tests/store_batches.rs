@@ -1,0 +1,231 @@
+//! Store conformance, batches: several claims in one transaction and
+//! several completions in one transaction (group commit) keep every
+//! per-attempt guarantee, on every backend.
+//!
+//! Checked on buggy shapes, each seen failing here:
+//! - the batch fenced on its first attempt only (`store/complete.rs`): the
+//!   zombie's proposal became canonical and the fencing test failed;
+//! - one dependent decrement per batch instead of one per satisfied edge:
+//!   the join stayed blocked and the fan-in test failed;
+//! - ready jobs claimed before expired leases: the claim-order test failed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ratchet_runtime::clock::{Clock, ManualClock};
+use ratchet_runtime::digest::sha256_hex;
+use ratchet_runtime::store::{
+    ClaimedJob, CompleteOutcome, EdgeKind, JobClaim, JobComplete, JobState, NewEdge, NewJob,
+    PluginPut, ProposedArtifact, RunSubmit, Store,
+};
+use ratchet_tests::{Backend, Harness};
+
+ratchet_tests::backend_tests! {
+    a_batched_claim_takes_expired_leases_first_then_the_oldest_ready_jobs => claim_order;
+    a_group_commit_fences_each_attempt_on_its_own => fenced_each;
+    predecessors_committed_in_one_batch_release_their_join_exactly_once => join_released_once;
+}
+
+/// Three roots `a`, `b`, `c` and a join `j` after all three.
+async fn fan_in(h: &Harness, now: i64) -> String {
+    h.store
+        .plugin_put(PluginPut {
+            digest: "p".into(),
+            name: "p".into(),
+            version: "1.0.0".into(),
+            manifest: String::new(),
+            component: vec![0],
+            now,
+        })
+        .await
+        .expect("plugin");
+    let job = |stage: &str| NewJob {
+        stage: stage.into(),
+        plugin_digest: "p".into(),
+        outputs: vec!["out".into()],
+        emits: vec![format!("{stage}.done")],
+        max_attempts: 3,
+    };
+    let after = |from: &str| NewEdge {
+        from_stage: from.into(),
+        to_stage: "j".into(),
+        kind: EdgeKind::After,
+    };
+    let submitted = h
+        .store
+        .run_submit(RunSubmit {
+            run_id: "fan-in".into(),
+            pipeline: "fan-in".into(),
+            idempotency_key: None,
+            input: b"input".to_vec(),
+            jobs: vec![job("a"), job("b"), job("c"), job("j")],
+            edges: vec![after("a"), after("b"), after("c")],
+            inputs: vec![],
+            now,
+        })
+        .await
+        .expect("submit");
+    submitted.run_id().to_string()
+}
+
+async fn claim(store: &dyn Store, worker: &str, now: i64, limit: usize) -> Vec<ClaimedJob> {
+    store
+        .job_claim(JobClaim {
+            worker: worker.into(),
+            now,
+            lease_ms: 1_000,
+            limit,
+            only_job: None,
+        })
+        .await
+        .expect("claim")
+}
+
+fn completion(job: &ClaimedJob, worker: &str, now: i64) -> JobComplete {
+    let bytes = format!("{} by {worker} on attempt {}", job.stage, job.attempt).into_bytes();
+    JobComplete {
+        job_id: job.job_id,
+        attempt: job.attempt,
+        worker: worker.into(),
+        outputs: vec![ProposedArtifact {
+            name: "out".into(),
+            media_type: "text/plain".into(),
+            digest: sha256_hex(&bytes),
+            bytes,
+        }],
+        input_digests: BTreeMap::new(),
+        now,
+    }
+}
+
+fn stages(jobs: &[ClaimedJob]) -> Vec<(&str, i64)> {
+    jobs.iter().map(|j| (j.stage.as_str(), j.attempt)).collect()
+}
+
+async fn claim_order(backend: Backend) {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let Some(h) = Harness::on(backend, clock.clone()).await else {
+        return;
+    };
+    let run = fan_in(&h, clock.now_ms()).await;
+    let first = claim(h.store.as_ref(), "w1", clock.now_ms(), 2).await;
+    assert_eq!(stages(&first), [("a", 1), ("b", 1)], "oldest ready first");
+
+    clock.advance(1_000);
+    let second = claim(h.store.as_ref(), "w2", clock.now_ms(), 2).await;
+    assert_eq!(
+        stages(&second),
+        [("a", 2), ("b", 2)],
+        "a dead worker's jobs are taken over before ready work starts"
+    );
+    let third = claim(h.store.as_ref(), "w2", clock.now_ms(), 5).await;
+    assert_eq!(stages(&third), [("c", 1)], "no more than is claimable");
+
+    let attempts = h.store.attempt_list(&run).await.expect("attempts");
+    let outcomes: Vec<_> = attempts
+        .iter()
+        .map(|a| (a.stage.as_str(), a.attempt, a.outcome.as_str()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("a", 1, "lease_expired"),
+            ("b", 1, "lease_expired"),
+            ("a", 2, "running"),
+            ("b", 2, "running"),
+            ("c", 1, "running"),
+        ]
+    );
+}
+
+async fn fenced_each(backend: Backend) {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let Some(h) = Harness::on(backend, clock.clone()).await else {
+        return;
+    };
+    let run = fan_in(&h, clock.now_ms()).await;
+    let stale = claim(h.store.as_ref(), "w1", clock.now_ms(), 2).await;
+    clock.advance(1_000);
+    let rescued = h
+        .store
+        .job_claim(JobClaim {
+            worker: "w2".into(),
+            now: clock.now_ms(),
+            lease_ms: 1_000,
+            limit: 1,
+            only_job: Some(stale[0].job_id),
+        })
+        .await
+        .expect("claim")
+        .remove(0);
+
+    // `a` was taken over; `b` still belongs to w1 (expired, not taken over).
+    let batch = [
+        completion(&stale[0], "w1", clock.now_ms()),
+        completion(&stale[1], "w1", clock.now_ms()),
+    ];
+    let outcomes = h.store.job_complete_many(&batch).await.expect("batch");
+    assert_eq!(outcomes[0], CompleteOutcome::LeaseLost, "the zombie");
+    assert!(
+        matches!(&outcomes[1], CompleteOutcome::Completed { outputs, .. } if outputs[0].won),
+        "the live attempt in the same batch: {:?}",
+        outcomes[1]
+    );
+    let a = h.store.artifact_get(&run, "a", "out").await.expect("get");
+    assert!(a.is_none(), "the zombie's proposal was not stored");
+    let jobs = h.store.job_list(&run).await.expect("jobs");
+    let job_a = jobs.iter().find(|j| j.stage == "a").expect("a");
+    assert_eq!((job_a.state, job_a.attempt), (JobState::Running, 2));
+
+    let fresh = completion(&rescued, "w2", clock.now_ms());
+    let outcome = h.store.job_complete(fresh.clone()).await.expect("complete");
+    assert!(matches!(outcome, CompleteOutcome::Completed { .. }));
+    let a = h.store.artifact_get(&run, "a", "out").await.expect("get");
+    assert_eq!(
+        a.expect("a's output").meta.digest,
+        fresh.outputs[0].digest,
+        "the canonical value is the rescuer's"
+    );
+    let outbox = h.store.outbox_list(Some(&run)).await.expect("outbox");
+    let events: Vec<_> = outbox.iter().map(|o| o.event.as_str()).collect();
+    assert_eq!(events, ["b.done", "a.done"], "one outbox row per success");
+}
+
+async fn join_released_once(backend: Backend) {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let Some(h) = Harness::on(backend, clock.clone()).await else {
+        return;
+    };
+    let run = fan_in(&h, clock.now_ms()).await;
+    let roots = claim(h.store.as_ref(), "w", clock.now_ms(), 3).await;
+    assert_eq!(roots.len(), 3, "one claim, three jobs");
+
+    let batch: Vec<_> = roots
+        .iter()
+        .map(|job| completion(job, "w", clock.now_ms()))
+        .collect();
+    let outcomes = h.store.job_complete_many(&batch).await.expect("batch");
+    let released: Vec<&String> = outcomes
+        .iter()
+        .flat_map(|o| match o {
+            CompleteOutcome::Completed { released, .. } => released.iter(),
+            CompleteOutcome::LeaseLost => panic!("no attempt here was fenced out"),
+        })
+        .collect();
+    assert_eq!(released, ["j"], "released once, by the batch");
+    let jobs = h.store.job_list(&run).await.expect("jobs");
+    let join = jobs.iter().find(|j| j.stage == "j").expect("join");
+    assert_eq!((join.state, join.pending), (JobState::Ready, 0));
+
+    let join = claim(h.store.as_ref(), "w", clock.now_ms(), 4).await;
+    assert_eq!(stages(&join), [("j", 1)]);
+    let outcome = h
+        .store
+        .job_complete(completion(&join[0], "w", clock.now_ms()))
+        .await
+        .expect("complete");
+    assert!(matches!(outcome, CompleteOutcome::Completed { .. }));
+    assert_eq!(h.run_state(&run).await, "succeeded");
+    let audit = h.audit().await;
+    assert!(audit.is_clean(), "{audit:?}");
+}

@@ -1,6 +1,8 @@
-//! The worker loop: one producer claiming due jobs in batches of up to the
-//! free slots, one task per attempt; woken by releases (in-process or, on
-//! Postgres, `NOTIFY`) or a slow poll; reconciles on start and periodically.
+//! The worker loop: a producer claims due jobs for the free slots in one
+//! transaction; a busy slot runs its attempt and then the successor its
+//! completion claimed in the same transaction. Woken by releases
+//! (in-process or, on Postgres, `NOTIFY`) or a slow poll; reconciles on
+//! start and periodically.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,8 +12,8 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
 use crate::clock::Clock;
-use crate::scheduler::{AttemptOutcome, Finished, Scheduler};
-use crate::store::{JobState, StoreError};
+use crate::scheduler::{AttemptOutcome, Scheduler};
+use crate::store::{ClaimedJob, JobState, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
@@ -131,7 +133,8 @@ struct Producer {
     stats: Arc<WorkerStats>,
     wake: Arc<Notify>,
     shutdown: watch::Receiver<bool>,
-    attempts: JoinSet<Result<Finished, StoreError>>,
+    /// One task per busy slot.
+    attempts: JoinSet<Result<(), StoreError>>,
     shutdown_open: bool,
     /// Transient store errors in a row, for the backoff.
     store_errors: u32,
@@ -199,9 +202,13 @@ impl Producer {
         self.store_errors = 0;
         let got = claimed.len();
         for job in claimed {
-            let sched = self.sched.clone();
-            self.attempts
-                .spawn(async move { sched.run_claimed(job).await });
+            let slot = Slot {
+                sched: self.sched.clone(),
+                stats: self.stats.clone(),
+                wake: self.wake.clone(),
+                shutdown: self.shutdown.clone(),
+            };
+            self.attempts.spawn(slot.run(job));
         }
         if got == want {
             return Ok(Next::Claim);
@@ -217,22 +224,21 @@ impl Producer {
         Ok(Next::Wait(self.idle_wait().await?))
     }
 
-    /// Counts a finished attempt; what to do next.
+    /// A slot fell idle; what to do next.
     fn finished(
         &mut self,
-        joined: Result<Result<Finished, StoreError>, tokio::task::JoinError>,
+        joined: Result<Result<(), StoreError>, tokio::task::JoinError>,
     ) -> Result<Next, WorkerError> {
-        let finished = match joined {
-            Ok(Ok(finished)) => finished,
+        match joined {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => return self.store_error(e).map(Next::Wait),
             Err(e) if e.is_panic() => {
                 self.attempts.abort_all();
                 return Err(WorkerError::Panicked(panic_message(e.into_panic())));
             }
-            Err(_) => return Ok(Next::Claim),
-        };
+            Err(_) => {}
+        }
         self.store_errors = 0;
-        self.count(&finished.outcome);
         Ok(Next::Claim)
     }
 
@@ -275,6 +281,36 @@ impl Producer {
         let (stop, stopped) = watch::channel(true);
         drop(stop);
         self.shutdown = stopped;
+    }
+}
+
+/// A busy slot: runs its attempt, then each job its completion claimed for
+/// it in the same transaction, until one comes back without a successor.
+struct Slot {
+    sched: Arc<Scheduler>,
+    stats: Arc<WorkerStats>,
+    wake: Arc<Notify>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Slot {
+    async fn run(self, first: ClaimedJob) -> Result<(), StoreError> {
+        let mut job = first;
+        loop {
+            let claim_next = !*self.shutdown.borrow();
+            let (finished, next) = self.sched.run_claimed_then_claim(job, claim_next).await?;
+            self.count(&finished.outcome);
+            if let AttemptOutcome::Succeeded { released, .. } = &finished.outcome
+                && released.len() > usize::from(next.is_some())
+            {
+                // More became ready than this slot took: wake the producer.
+                self.wake.notify_waiters();
+            }
+            match next {
+                Some(next) => job = next,
+                None => return Ok(()),
+            }
+        }
     }
 
     fn count(&self, outcome: &AttemptOutcome) {

@@ -35,7 +35,7 @@ impl BenchConfig {
             raw_txns: 1000,
             runs: 1000,
             chain: 5,
-            workers: 4,
+            workers: 8,
             fanout: 10_000,
             latency_samples: 300,
             calls: 5000,

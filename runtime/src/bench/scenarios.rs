@@ -294,7 +294,7 @@ fn memory_mb(field: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Records when a commit released a stage and when that stage was claimed.
+/// Records when a commit released a stage and when that stage started.
 #[derive(Default)]
 struct LatencyProbe {
     released: Mutex<HashMap<(String, String), Instant>>,
@@ -311,7 +311,7 @@ impl SchedulerProbe for LatencyProbe {
         }
     }
 
-    fn claimed(&self, job: &ClaimedJob) {
+    fn started(&self, job: &ClaimedJob) {
         let now = Instant::now();
         let key = (job.run_id.clone(), job.stage.clone());
         let released = lock(&self.released).remove(&key);
@@ -322,7 +322,7 @@ impl SchedulerProbe for LatencyProbe {
     }
 }
 
-/// (4) From a stage's commit to its dependent's claim, one run at a time.
+/// (4) From a stage's commit to its dependent's start, one run at a time.
 pub(super) async fn release_latency(
     scratch: &Scratch,
     config: &BenchConfig,

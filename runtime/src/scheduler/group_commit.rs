@@ -1,17 +1,36 @@
 //! Group commit: completions that arrive while one transaction commits wait
-//! and go together in the next one, one durable commit for many stages.
-//! Nothing waits for a batch to fill, so an idle worker commits each
-//! completion at once.
+//! and go together in the next one, with a claim for every attempt that
+//! asked for its successor: one durable commit for many stages. Nothing
+//! waits for a batch to fill, so an idle worker commits each completion at
+//! once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Mutex, mpsc, oneshot};
 
-use crate::store::{CompleteOutcome, JobComplete, Store, StoreError};
+use super::SchedulerProbe;
+use crate::clock::Clock;
+use crate::store::{
+    ClaimedJob, CompleteOutcome, JobBatch, JobBatchOutcome, JobClaim, JobComplete, Store,
+    StoreError,
+};
 
-type Answer = Result<CompleteOutcome, StoreError>;
-type Request = (JobComplete, oneshot::Sender<Answer>);
+/// A completion's own outcome, and the job claimed for its slot, if asked.
+pub(super) type Answer = Result<(CompleteOutcome, Option<ClaimedJob>), StoreError>;
+
+/// A completion, and who is waiting for it.
+struct Request {
+    complete: JobComplete,
+    waiter: Waiter,
+}
+
+struct Waiter {
+    /// The completed job's run, for the probe.
+    run_id: String,
+    claim_next: bool,
+    reply: oneshot::Sender<Answer>,
+}
 
 /// How many completions went through, in how many transactions.
 #[derive(Debug, Default)]
@@ -24,103 +43,175 @@ pub struct CommitStats {
 pub(super) trait CommitBatch: Send + Sync + 'static {
     fn commit(
         &self,
-        batch: &[JobComplete],
-    ) -> impl Future<Output = Result<Vec<CompleteOutcome>, StoreError>> + Send;
+        batch: &JobBatch,
+    ) -> impl Future<Output = Result<JobBatchOutcome, StoreError>> + Send;
 }
 
 impl CommitBatch for Arc<dyn Store> {
-    async fn commit(&self, batch: &[JobComplete]) -> Result<Vec<CompleteOutcome>, StoreError> {
-        self.job_complete_many(batch).await
+    async fn commit(&self, batch: &JobBatch) -> Result<JobBatchOutcome, StoreError> {
+        self.job_batch(batch).await
     }
 }
 
+/// Who claims, for how long, on which clock.
+pub(super) struct Claimer {
+    pub worker: String,
+    pub lease_ms: i64,
+    pub clock: Arc<dyn Clock>,
+    pub probe: Option<Arc<dyn SchedulerProbe>>,
+}
+
 pub(super) struct GroupCommit<C = Arc<dyn Store>> {
-    target: Arc<C>,
-    max_batch: usize,
-    stats: Arc<CommitStats>,
+    committer: Arc<Committer<C>>,
+    /// Committer tasks taking batches off the one queue.
+    parallel: usize,
     /// The committer task starts on the first completion, inside the
     /// caller's runtime, and ends when this sender is dropped.
     queue: OnceLock<mpsc::UnboundedSender<Request>>,
 }
 
 impl<C: CommitBatch> GroupCommit<C> {
-    pub(super) fn new(target: C, max_batch: usize) -> Self {
+    /// `parallel` committers, each committing up to `max_batch` requests
+    /// per transaction.
+    pub(super) fn new(target: C, max_batch: usize, parallel: usize, claimer: Claimer) -> Self {
         Self {
-            target: Arc::new(target),
-            max_batch: max_batch.max(1),
-            stats: Arc::default(),
+            parallel: parallel.max(1),
+            committer: Arc::new(Committer {
+                target,
+                max_batch: max_batch.max(1),
+                stats: Arc::default(),
+                claimer,
+            }),
             queue: OnceLock::new(),
         }
     }
 
     pub(super) fn stats(&self) -> &Arc<CommitStats> {
-        &self.stats
+        &self.committer.stats
     }
 
-    /// Commits `c`, alone or with whatever else is waiting; the outcome is
-    /// `c`'s own. So is an error: a batch that fails is retried one
-    /// completion per transaction before anyone is answered.
-    pub(super) async fn complete(&self, c: JobComplete) -> Answer {
+    /// Commits `c`, alone or with whatever else is waiting, and with
+    /// `claim_next` claims a job for the caller in the same transaction.
+    /// The answer is `c`'s own; so is an error: a batch that fails is
+    /// retried one request per transaction before anyone is answered.
+    pub(super) async fn complete(&self, run_id: &str, c: JobComplete, claim_next: bool) -> Answer {
         let queue = self.queue.get_or_init(|| {
             let (send, receive) = mpsc::unbounded_channel();
-            let committer = Committer {
-                target: self.target.clone(),
-                max_batch: self.max_batch,
-                stats: self.stats.clone(),
-            };
-            tokio::spawn(committer.run(receive));
+            let receive = Arc::new(Mutex::new(receive));
+            for _ in 0..self.parallel {
+                tokio::spawn(self.committer.clone().run(receive.clone()));
+            }
             send
         });
         let (reply, answer) = oneshot::channel();
+        let request = Request {
+            complete: c,
+            waiter: Waiter {
+                run_id: run_id.to_string(),
+                claim_next,
+                reply,
+            },
+        };
         queue
-            .send((c, reply))
+            .send(request)
             .map_err(|_| StoreError::CommitterStopped)?;
         answer.await.map_err(|_| StoreError::CommitterStopped)?
     }
 }
 
 struct Committer<C> {
-    target: Arc<C>,
+    target: C,
     max_batch: usize,
     stats: Arc<CommitStats>,
+    claimer: Claimer,
 }
 
 impl<C: CommitBatch> Committer<C> {
-    async fn run(self, mut queue: mpsc::UnboundedReceiver<Request>) {
+    /// Takes what is waiting (the next committer waits meanwhile) and
+    /// commits it, until the queue's sender is gone.
+    async fn run(self: Arc<Self>, queue: Arc<Mutex<mpsc::UnboundedReceiver<Request>>>) {
         let mut waiting = Vec::with_capacity(self.max_batch);
-        while queue.recv_many(&mut waiting, self.max_batch).await > 0 {
-            let (batch, replies): (Vec<_>, Vec<_>) = waiting.drain(..).unzip();
-            let answers = self.commit(&batch).await;
-            for (reply, answer) in replies.into_iter().zip(answers) {
+        loop {
+            let taken = queue
+                .lock()
+                .await
+                .recv_many(&mut waiting, self.max_batch)
+                .await;
+            if taken == 0 {
+                return;
+            }
+            let (completions, waiters): (Vec<_>, Vec<_>) =
+                waiting.drain(..).map(|r| (r.complete, r.waiter)).unzip();
+            let answers = self.commit(completions, &waiters).await;
+            for (waiter, answer) in waiters.into_iter().zip(answers) {
                 // The attempt that asked may be gone (a worker shutting
-                // down): what was committed stays committed.
-                let _ = reply.send(answer);
+                // down): what was committed stays committed, and a job
+                // claimed for it is taken over when its lease expires.
+                let _ = waiter.reply.send(answer);
             }
         }
     }
 
-    async fn commit(&self, batch: &[JobComplete]) -> Vec<Answer> {
+    async fn commit(&self, completions: Vec<JobComplete>, waiters: &[Waiter]) -> Vec<Answer> {
         self.stats
             .completions
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            .fetch_add(waiters.len() as u64, Ordering::Relaxed);
         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
-        match self.target.commit(batch).await {
-            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
-            Err(e) if batch.len() == 1 => vec![Err(e)],
-            Err(e) => {
-                tracing::debug!(
-                    size = batch.len(),
-                    "a group commit failed, committing its completions one by one: {e}"
-                );
-                let mut answers = Vec::with_capacity(batch.len());
-                for c in batch {
-                    self.stats.transactions.fetch_add(1, Ordering::Relaxed);
-                    let one = self.target.commit(std::slice::from_ref(c)).await;
-                    answers.push(one.map(|mut outcomes| outcomes.swap_remove(0)));
-                }
-                answers
+        let batch = self.batch(completions, waiters);
+        let e = match self.target.commit(&batch).await {
+            Ok(outcome) => return self.answers(waiters, outcome),
+            Err(e) if waiters.len() == 1 => return vec![Err(e)],
+            Err(e) => e,
+        };
+        tracing::debug!(
+            size = waiters.len(),
+            "a group commit failed, committing its completions one by one: {e}"
+        );
+        let mut answers = Vec::with_capacity(waiters.len());
+        for (complete, waiter) in batch.completions.into_iter().zip(waiters) {
+            self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+            let one = std::slice::from_ref(waiter);
+            match self.target.commit(&self.batch(vec![complete], one)).await {
+                Ok(outcome) => answers.extend(self.answers(one, outcome)),
+                Err(e) => answers.push(Err(e)),
             }
         }
+        answers
+    }
+
+    fn batch(&self, completions: Vec<JobComplete>, waiters: &[Waiter]) -> JobBatch {
+        let wanted = waiters.iter().filter(|w| w.claim_next).count();
+        JobBatch {
+            completions,
+            claim: (wanted > 0).then(|| JobClaim {
+                worker: self.claimer.worker.clone(),
+                now: self.claimer.clock.now_ms(),
+                lease_ms: self.claimer.lease_ms,
+                limit: wanted,
+                only_job: None,
+            }),
+        }
+    }
+
+    /// Each completion's outcome, and the claimed jobs handed out in
+    /// request order to those that asked.
+    fn answers(&self, waiters: &[Waiter], outcome: JobBatchOutcome) -> Vec<Answer> {
+        if let Some(probe) = &self.claimer.probe {
+            for (waiter, completed) in waiters.iter().zip(&outcome.completed) {
+                if let CompleteOutcome::Completed { released, .. } = completed {
+                    probe.released(&waiter.run_id, released);
+                }
+            }
+        }
+        let mut claimed = outcome.claimed.into_iter();
+        waiters
+            .iter()
+            .zip(outcome.completed)
+            .map(|(waiter, completed)| {
+                let next = waiter.claim_next.then(|| claimed.next()).flatten();
+                Ok((completed, next))
+            })
+            .collect()
     }
 }
 
@@ -132,41 +223,62 @@ mod tests {
     use tokio::sync::Notify;
 
     use super::*;
+    use crate::clock::ManualClock;
 
-    /// Records each batch; holds the first one until `open` is notified,
-    /// and fails any batch holding the job `poison`.
+    /// Records each batch (its job ids and claim limit); holds the first
+    /// one until `open` is notified; fails any batch holding job `poison`;
+    /// claims jobs numbered from 100.
     #[derive(Default)]
     struct Gate {
-        batches: Mutex<Vec<Vec<i64>>>,
+        batches: Mutex<Vec<(Vec<i64>, usize)>>,
         entered: Notify,
         open: Notify,
         poison: Option<i64>,
     }
 
     impl CommitBatch for Gate {
-        async fn commit(&self, batch: &[JobComplete]) -> Result<Vec<CompleteOutcome>, StoreError> {
+        async fn commit(&self, batch: &JobBatch) -> Result<JobBatchOutcome, StoreError> {
+            let ids: Vec<i64> = batch.completions.iter().map(|c| c.job_id).collect();
+            let limit = batch.claim.as_ref().map_or(0, |c| c.limit);
             let first = {
                 let mut batches = self.batches.lock().expect("batches");
-                batches.push(batch.iter().map(|c| c.job_id).collect());
+                batches.push((ids.clone(), limit));
                 batches.len() == 1
             };
             if first {
                 self.entered.notify_one();
                 self.open.notified().await;
             }
-            if batch.iter().any(|c| Some(c.job_id) == self.poison) {
+            if ids.iter().any(|id| Some(*id) == self.poison) {
                 return Err(StoreError::Corrupt {
                     table: "jobs",
                     detail: "poisoned".into(),
                 });
             }
-            Ok(batch
-                .iter()
-                .map(|c| CompleteOutcome::Completed {
-                    outputs: Vec::new(),
-                    released: vec![format!("after-{}", c.job_id)],
-                })
-                .collect())
+            Ok(JobBatchOutcome {
+                completed: ids
+                    .iter()
+                    .map(|id| CompleteOutcome::Completed {
+                        outputs: Vec::new(),
+                        released: vec![format!("after-{id}")],
+                    })
+                    .collect(),
+                claimed: (0..limit).map(|i| claimed(100 + i as i64)).collect(),
+            })
+        }
+    }
+
+    fn claimed(job_id: i64) -> ClaimedJob {
+        ClaimedJob {
+            job_id,
+            run_id: "r".into(),
+            stage: format!("s{job_id}"),
+            plugin_digest: "p".into(),
+            attempt: 1,
+            max_attempts: 3,
+            lease_expires_at: 0,
+            outputs: Vec::new(),
+            emits: Vec::new(),
         }
     }
 
@@ -181,21 +293,34 @@ mod tests {
         }
     }
 
+    /// Odd jobs ask for their successor.
+    fn wants_next(job: i64) -> bool {
+        job % 2 == 1
+    }
+
+    type Batches = Vec<(Vec<i64>, usize)>;
+
     /// Holds the first commit, queues `later` more behind it, lets it go,
     /// and returns every answer with the batches the target saw.
-    async fn hold_first_then_queue(gate: Gate, later: i64) -> (Vec<Answer>, Vec<Vec<i64>>) {
-        let commits = Arc::new(GroupCommit::new(gate, 64));
+    async fn hold_first_then_queue(gate: Gate, later: i64) -> (Vec<Answer>, Batches) {
+        let claimer = Claimer {
+            worker: "w".into(),
+            lease_ms: 1_000,
+            clock: Arc::new(ManualClock::new(0)),
+            probe: None,
+        };
+        let commits = Arc::new(GroupCommit::new(gate, 64, 1, claimer));
         let first = tokio::spawn({
             let commits = commits.clone();
-            async move { commits.complete(completion(0)).await }
+            async move { commits.complete("r", completion(0), false).await }
         });
-        commits.target.entered.notified().await;
+        commits.committer.target.entered.notified().await;
         let mut queued = Vec::new();
         for job in 1..=later {
             let commits = commits.clone();
             let (sent, was_sent) = oneshot::channel();
             queued.push(tokio::spawn(async move {
-                let answer = commits.complete(completion(job));
+                let answer = commits.complete("r", completion(job), wants_next(job));
                 let mut answer = std::pin::pin!(answer);
                 // Polled once, the request is on the queue.
                 let _ = futures_poll_once(answer.as_mut()).await;
@@ -204,12 +329,18 @@ mod tests {
             }));
             was_sent.await.expect("queued");
         }
-        commits.target.open.notify_one();
+        commits.committer.target.open.notify_one();
         let mut answers = vec![first.await.expect("first")];
         for q in queued {
             answers.push(q.await.expect("queued answer"));
         }
-        let batches = commits.target.batches.lock().expect("batches").clone();
+        let batches = commits
+            .committer
+            .target
+            .batches
+            .lock()
+            .expect("batches")
+            .clone();
         (answers, batches)
     }
 
@@ -225,13 +356,17 @@ mod tests {
     #[tokio::test]
     async fn completions_queued_behind_a_commit_share_the_next_transaction() {
         let (answers, batches) = hold_first_then_queue(Gate::default(), 5).await;
-        assert_eq!(batches, vec![vec![0], vec![1, 2, 3, 4, 5]]);
+        assert_eq!(batches, vec![(vec![0], 0), (vec![1, 2, 3, 4, 5], 3)]);
+        let mut handed_out = Vec::new();
         for (job, answer) in answers.into_iter().enumerate() {
-            let Ok(CompleteOutcome::Completed { released, .. }) = answer else {
+            let Ok((CompleteOutcome::Completed { released, .. }, next)) = answer else {
                 panic!("job {job}: {answer:?}");
             };
             assert_eq!(released, vec![format!("after-{job}")], "each gets its own");
+            assert_eq!(next.is_some(), wants_next(job as i64), "job {job}");
+            handed_out.extend(next.map(|n| n.job_id));
         }
+        assert_eq!(handed_out, [100, 101, 102], "one claim, in request order");
     }
 
     #[tokio::test]
@@ -244,12 +379,12 @@ mod tests {
         assert_eq!(
             batches,
             vec![
-                vec![0],
-                vec![1, 2, 3, 4],
-                vec![1],
-                vec![2],
-                vec![3],
-                vec![4]
+                (vec![0], 0),
+                (vec![1, 2, 3, 4], 2),
+                (vec![1], 1),
+                (vec![2], 0),
+                (vec![3], 1),
+                (vec![4], 0)
             ]
         );
         for (job, answer) in answers.iter().enumerate() {

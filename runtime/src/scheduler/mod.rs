@@ -19,7 +19,7 @@ use crate::store::{
     ProposedArtifact, Store, StoreError,
 };
 pub use group_commit::CommitStats;
-use group_commit::GroupCommit;
+use group_commit::{Claimer, GroupCommit};
 
 /// Exponential backoff with jitter: `base * 2^(attempt-1)`, capped, then
 /// scaled by a random factor in `[1 - jitter, 1 + jitter]`.
@@ -114,11 +114,11 @@ pub trait NativeStage: Send + Sync {
     fn run(&self, inputs: Vec<Payload>) -> Result<Vec<Payload>, ExecError>;
 }
 
-/// Told when a commit released stages and when a job was claimed, for
-/// `ratchet bench`'s release-latency figure.
+/// Told when a commit released stages and when a job started executing,
+/// for `ratchet bench`'s release-latency figure.
 pub trait SchedulerProbe: Send + Sync {
     fn released(&self, run_id: &str, stages: &[String]);
-    fn claimed(&self, job: &ClaimedJob);
+    fn started(&self, job: &ClaimedJob);
 }
 
 pub struct Scheduler {
@@ -139,7 +139,7 @@ impl Scheduler {
         config: SchedulerConfig,
     ) -> Self {
         Self {
-            commits: GroupCommit::new(store.clone(), config.commit_batch),
+            commits: group_commit(&store, &clock, &config, None),
             store,
             host,
             clock,
@@ -156,7 +156,9 @@ impl Scheduler {
     }
 
     pub fn with_probe(mut self, probe: Arc<dyn SchedulerProbe>) -> Self {
-        self.probe = Some(probe);
+        let probe = Some(probe);
+        self.commits = group_commit(&self.store, &self.clock, &self.config, probe.clone());
+        self.probe = probe;
         self
     }
 
@@ -199,9 +201,6 @@ impl Scheduler {
             })
             .await?;
         if !claimed.is_empty() {
-            if let Some(probe) = &self.probe {
-                claimed.iter().for_each(|job| probe.claimed(job));
-            }
             crash::point("after_claim");
         }
         Ok(claimed)
@@ -210,6 +209,9 @@ impl Scheduler {
     /// Runs the pinned plugin on inputs read from the artifacts table, and
     /// nothing else: a plugin never sees a value that is not canonical.
     pub async fn execute(&self, job: &ClaimedJob) -> Result<Execution, StoreError> {
+        if let Some(probe) = &self.probe {
+            probe.started(job);
+        }
         let mut input_digests = BTreeMap::new();
         let loaded = self.store.job_inputs_load(&job.run_id, &job.stage).await?;
         let mut inputs = Vec::with_capacity(loaded.len());
@@ -277,7 +279,19 @@ impl Scheduler {
         job: &ClaimedJob,
         execution: &Execution,
     ) -> Result<AttemptOutcome, StoreError> {
+        Ok(self.finish_then_claim(job, execution, false).await?.0)
+    }
+
+    /// [`Scheduler::finish`], and with `claim_next`, a job claimed for this
+    /// slot in the completion's own transaction (never after a failure).
+    pub async fn finish_then_claim(
+        &self,
+        job: &ClaimedJob,
+        execution: &Execution,
+        claim_next: bool,
+    ) -> Result<(AttemptOutcome, Option<ClaimedJob>), StoreError> {
         let now = self.clock.now_ms();
+        let mut next = None;
         let outcome = match &execution.result {
             Ok(outputs) => {
                 let outputs = outputs
@@ -297,12 +311,17 @@ impl Scheduler {
                     input_digests: execution.input_digests.clone(),
                     now,
                 };
-                match self.commits.complete(complete).await? {
+                let (completed, claimed) = self
+                    .commits
+                    .complete(&job.run_id, complete, claim_next)
+                    .await?;
+                next = claimed;
+                match completed {
                     CompleteOutcome::Completed { outputs, released } => {
-                        if let Some(probe) = &self.probe {
-                            probe.released(&job.run_id, &released);
-                        }
                         crash::point("after_commit");
+                        if next.is_some() {
+                            crash::point("after_claim");
+                        }
                         AttemptOutcome::Succeeded { outputs, released }
                     }
                     CompleteOutcome::LeaseLost => AttemptOutcome::LeaseLost,
@@ -332,7 +351,7 @@ impl Scheduler {
                 }
             }
         };
-        Ok(outcome)
+        Ok((outcome, next))
     }
 
     /// Execute and finish a job already claimed. A transient store error
@@ -340,10 +359,20 @@ impl Scheduler {
     /// a few times: the attempt still holds its lease, and the transaction
     /// either committed whole or not at all.
     pub async fn run_claimed(&self, job: ClaimedJob) -> Result<Finished, StoreError> {
+        Ok(self.run_claimed_then_claim(job, false).await?.0)
+    }
+
+    /// [`Scheduler::run_claimed`], and with `claim_next`, the job claimed
+    /// for this slot in the completion's transaction, if any was due.
+    pub async fn run_claimed_then_claim(
+        &self,
+        job: ClaimedJob,
+        claim_next: bool,
+    ) -> Result<(Finished, Option<ClaimedJob>), StoreError> {
         let execution = self.execute(&job).await?;
         let mut tries = 0u32;
-        let outcome = loop {
-            match self.finish(&job, &execution).await {
+        let (outcome, next) = loop {
+            match self.finish_then_claim(&job, &execution, claim_next).await {
                 Err(e) if e.is_transient() && tries < FINISH_RETRIES => {
                     tries += 1;
                     tracing::warn!(run = %job.run_id, stage = %job.stage, "finishing the attempt failed, retrying: {e}");
@@ -353,12 +382,29 @@ impl Scheduler {
             }
         };
         log_outcome(&job, &outcome);
-        Ok(Finished {
+        let finished = Finished {
             job,
             outcome,
             report: execution.report,
-        })
+        };
+        Ok((finished, next))
     }
+}
+
+fn group_commit(
+    store: &Arc<dyn Store>,
+    clock: &Arc<dyn Clock>,
+    config: &SchedulerConfig,
+    probe: Option<Arc<dyn SchedulerProbe>>,
+) -> GroupCommit {
+    let claimer = Claimer {
+        worker: config.worker_id.clone(),
+        lease_ms: config.lease_ms,
+        clock: clock.clone(),
+        probe,
+    };
+    let parallel = store.write_concurrency();
+    GroupCommit::new(store.clone(), config.commit_batch, parallel, claimer)
 }
 
 fn log_outcome(job: &ClaimedJob, outcome: &AttemptOutcome) {

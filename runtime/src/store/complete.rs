@@ -50,9 +50,9 @@ pub(crate) trait CompletionTx {
     async fn artifact_put_canonical(&mut self, a: CanonicalPut<'_>) -> Result<CanonicalArtifact>;
     /// Inserts unless the dedup key is already there.
     async fn outbox_put(&mut self, o: &OutboxPut<'_>) -> Result<()>;
-    /// The next value of the order shared by claims and completions.
-    async fn seq_next(&mut self) -> Result<i64>;
-    async fn job_succeed(&mut self, job_id: i64, seq: i64, now: i64) -> Result<()>;
+    /// Marks the job succeeded, with the next value of the order shared by
+    /// claims and completions as its `succeeded_seq`.
+    async fn job_succeed(&mut self, job_id: i64, now: i64) -> Result<()>;
     /// Satisfies the unsatisfied edges out of `stage`; their targets, one
     /// entry per edge.
     async fn edges_satisfy(&mut self, run_id: &str, stage: &str) -> Result<Vec<String>>;
@@ -121,9 +121,14 @@ pub(crate) async fn complete_many(
         }
         crate::crash::point("after_outbox_insert");
 
-        let seq = tx.seq_next().await?;
-        tx.job_succeed(c.job_id, seq, c.now).await?;
-        for to in tx.edges_satisfy(&job.run_id, &job.stage).await? {
+        tx.job_succeed(c.job_id, c.now).await?;
+        let dependents = tx.edges_satisfy(&job.run_id, &job.stage).await?;
+        if dependents.is_empty() {
+            // Only a completion that leaves no dependent waiting can be a
+            // run's last.
+            runs.insert(job.run_id.clone());
+        }
+        for to in dependents {
             let entry = releases.entry((job.run_id.clone(), to)).or_insert((0, *i));
             *entry = (entry.0 + 1, *i);
         }
@@ -140,12 +145,14 @@ pub(crate) async fn complete_many(
             now: c.now,
         })
         .await?;
-        runs.insert(job.run_id.clone());
         outputs_of.insert(*i, outputs);
     }
 
     let now = batch.iter().map(|c| c.now).max().unwrap_or_default();
     let mut released_by: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    // A run with a dependent this batch just satisfied edges into is not
+    // finished: that dependent is still to run.
+    runs.retain(|run| !releases.keys().any(|(r, _)| r == run));
     for ((run_id, stage), (edges, by)) in releases {
         if tx.dependent_release(&run_id, &stage, edges, now).await? {
             released_by.entry(by).or_default().push(stage);

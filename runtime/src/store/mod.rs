@@ -107,11 +107,8 @@ macro_rules! impl_store {
             async fn job_repin(&self, r: JobRepin) -> Result<RepinOutcome> {
                 runs::repin(self, r).await
             }
-            async fn job_claim(&self, c: JobClaim) -> Result<Vec<ClaimedJob>> {
-                jobs::claim(self, c).await
-            }
-            async fn job_complete_many(&self, batch: &[JobComplete]) -> Result<Vec<CompleteOutcome>> {
-                complete::complete_many(self, batch).await
+            async fn job_batch(&self, b: &JobBatch) -> Result<JobBatchOutcome> {
+                complete::batch(self, b).await
             }
             async fn job_fail(&self, f: JobFail) -> Result<FailOutcome> {
                 jobs::fail(self, f).await
@@ -201,17 +198,32 @@ pub trait Store: Send + Sync + 'static {
     /// A run's recorded history (upgrades), oldest first.
     async fn run_events(&self, run_id: &str) -> Result<Vec<RunEvent>>;
 
-    /// Claims up to `c.limit` runnable jobs in one transaction: running
-    /// with an expired lease and attempts left, then ready and due. The
-    /// attempt number is each claim's fencing token.
-    async fn job_claim(&self, c: JobClaim) -> Result<Vec<ClaimedJob>>;
-    /// Commits, in one transaction, every attempt of `batch` that still
-    /// holds its lease: outputs canonical-first, the job's success, its
-    /// released dependents, its outbox rows and its attempt row. Each
-    /// attempt is fenced on its own; one fenced out changes nothing and
-    /// comes back [`CompleteOutcome::LeaseLost`]. Outcomes are in batch
-    /// order. An error rolls the whole batch back.
-    async fn job_complete_many(&self, batch: &[JobComplete]) -> Result<Vec<CompleteOutcome>>;
+    /// In one transaction: commits every completion of the batch whose
+    /// attempt still holds its lease (outputs canonical-first, the job's
+    /// success, its released dependents, its outbox rows and its attempt
+    /// row), then claims up to `claim.limit` runnable jobs (running with an
+    /// expired lease and attempts left, then ready and due, the dependents
+    /// just released included). Each completion is fenced on its own; one
+    /// fenced out changes nothing and comes back
+    /// [`CompleteOutcome::LeaseLost`]. Each claim gets a new attempt number,
+    /// its fencing token. An error rolls the whole batch back.
+    async fn job_batch(&self, b: &JobBatch) -> Result<JobBatchOutcome>;
+    /// [`Store::job_batch`] with a claim only.
+    async fn job_claim(&self, c: JobClaim) -> Result<Vec<ClaimedJob>> {
+        let batch = JobBatch {
+            completions: Vec::new(),
+            claim: Some(c),
+        };
+        Ok(self.job_batch(&batch).await?.claimed)
+    }
+    /// [`Store::job_batch`] with completions only; outcomes in batch order.
+    async fn job_complete_many(&self, batch: &[JobComplete]) -> Result<Vec<CompleteOutcome>> {
+        let batch = JobBatch {
+            completions: batch.to_vec(),
+            claim: None,
+        };
+        Ok(self.job_batch(&batch).await?.completed)
+    }
     /// [`Store::job_complete_many`] with a batch of one.
     async fn job_complete(&self, c: JobComplete) -> Result<CompleteOutcome> {
         let mut outcomes = self.job_complete_many(std::slice::from_ref(&c)).await?;
@@ -270,6 +282,12 @@ pub trait Store: Send + Sync + 'static {
     /// job update, outbox row) with none of Ratchet's logic: the raw limit
     /// `ratchet bench` compares against.
     async fn bench_raw_completion(&self, r: RawCompletion) -> Result<()>;
+
+    /// How many write transactions make progress at once: a worker runs
+    /// that many group commits in parallel. SQLite has one writer.
+    fn write_concurrency(&self) -> usize {
+        1
+    }
 
     /// Calls `wake.notify_waiters()` whenever another process makes a job
     /// ready, for backends that can tell (Postgres `LISTEN`); workers still

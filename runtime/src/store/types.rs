@@ -173,6 +173,21 @@ pub struct JobClaim {
     pub only_job: Option<i64>,
 }
 
+/// What a worker's committer sends: completions, then a claim, in one
+/// transaction. The claim sees the dependents the completions released.
+#[derive(Debug, Clone, Default)]
+pub struct JobBatch {
+    pub completions: Vec<JobComplete>,
+    pub claim: Option<JobClaim>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct JobBatchOutcome {
+    /// One per completion, in order.
+    pub completed: Vec<CompleteOutcome>,
+    pub claimed: Vec<ClaimedJob>,
+}
+
 #[derive(Debug, Clone)]
 pub struct ClaimedJob {
     pub job_id: i64,

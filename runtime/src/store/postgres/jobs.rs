@@ -23,9 +23,8 @@ pub(super) async fn list<'e>(
 /// Claims up to `c.limit` jobs in one transaction: expired leases with
 /// attempts left first (a dead worker's jobs), then ready jobs, oldest due
 /// first; rows another claimer holds are skipped, not waited for.
-pub(super) async fn claim(store: &PostgresStore, c: JobClaim) -> Result<Vec<ClaimedJob>> {
+pub(super) async fn claim_tx(tx: &mut Tx, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
     let limit = c.limit.max(1) as i64;
-    let mut tx = store.begin_write().await?;
     let expired: Vec<(i64, i64)> = sqlx::query_as(
         "SELECT id, attempt FROM jobs
          WHERE state = 'running' AND lease_expires_at <= $1 AND attempt < max_attempts
@@ -36,7 +35,7 @@ pub(super) async fn claim(store: &PostgresStore, c: JobClaim) -> Result<Vec<Clai
     .bind(c.now)
     .bind(c.only_job)
     .bind(limit)
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?;
     let mut ids: Vec<i64> = expired.iter().map(|(id, _)| *id).collect();
     if ids.len() < limit as usize {
@@ -49,7 +48,7 @@ pub(super) async fn claim(store: &PostgresStore, c: JobClaim) -> Result<Vec<Clai
         .bind(c.now)
         .bind(c.only_job)
         .bind(limit - ids.len() as i64)
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut **tx)
         .await?;
         ids.extend(ready);
     }
@@ -68,7 +67,7 @@ pub(super) async fn claim(store: &PostgresStore, c: JobClaim) -> Result<Vec<Clai
         .bind(c.now)
         .bind(&jobs)
         .bind(&attempts)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     }
     let lease_expires_at = c.now + c.lease_ms;
@@ -82,7 +81,7 @@ pub(super) async fn claim(store: &PostgresStore, c: JobClaim) -> Result<Vec<Clai
     .bind(lease_expires_at)
     .bind(c.now)
     .bind(&ids)
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?;
     let mut claimed = rows
         .iter()
@@ -105,9 +104,8 @@ pub(super) async fn claim(store: &PostgresStore, c: JobClaim) -> Result<Vec<Clai
     .bind(column(|j| j.run_id.clone()))
     .bind(column(|j| j.stage.clone()))
     .bind(column(|j| j.plugin_digest.clone()))
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
-    tx.commit().await?;
     Ok(claimed)
 }
 

@@ -55,12 +55,6 @@ impl PostgresStore {
     }
 }
 
-async fn next_seq(tx: &mut Tx) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT nextval('ratchet_seq')")
-        .fetch_one(&mut **tx)
-        .await?)
-}
-
 async fn notify_ready(tx: &mut Tx) -> Result<()> {
     sqlx::query("SELECT pg_notify($1, '')")
         .bind(READY_CHANNEL)
@@ -70,6 +64,12 @@ async fn notify_ready(tx: &mut Tx) -> Result<()> {
 }
 
 super::impl_store!(PostgresStore {
+    /// Transactions on different rows commit in parallel; a few in flight
+    /// hide each one's round trips and flush.
+    fn write_concurrency(&self) -> usize {
+        4
+    }
+
     fn listen_ready(&self, wake: Arc<Notify>) {
         let pool = self.pool.clone();
         tokio::spawn(async move {

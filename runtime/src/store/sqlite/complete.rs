@@ -5,14 +5,15 @@ use sqlx::Row;
 use super::*;
 use crate::store::complete::{self, AttemptSucceeded, CompletionTx, Fenced, OutboxPut};
 
-pub(super) async fn complete_many(
-    store: &SqliteStore,
-    batch: &[JobComplete],
-) -> Result<Vec<CompleteOutcome>> {
+pub(super) async fn batch(store: &SqliteStore, b: &JobBatch) -> Result<JobBatchOutcome> {
     let mut tx = store.begin_write().await?;
-    let outcomes = complete::complete_many(&mut Completion(&mut tx), batch).await?;
+    let completed = complete::complete_many(&mut Completion(&mut tx), &b.completions).await?;
+    let claimed = match &b.claim {
+        Some(claim) => jobs::claim_tx(&mut tx, claim).await?,
+        None => Vec::new(),
+    };
     tx.commit().await?;
-    Ok(outcomes)
+    Ok(JobBatchOutcome { completed, claimed })
 }
 
 struct Completion<'t>(&'t mut Tx);
@@ -50,11 +51,8 @@ impl CompletionTx for Completion<'_> {
         Ok(())
     }
 
-    async fn seq_next(&mut self) -> Result<i64> {
-        next_seq(self.0).await
-    }
-
-    async fn job_succeed(&mut self, job_id: i64, seq: i64, now: i64) -> Result<()> {
+    async fn job_succeed(&mut self, job_id: i64, now: i64) -> Result<()> {
+        let seq = next_seq(self.0).await?;
         sqlx::query(
             "UPDATE jobs SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,
                     last_error = NULL, succeeded_seq = ?, updated_at = ?

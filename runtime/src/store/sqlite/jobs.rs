@@ -23,9 +23,8 @@ pub(super) async fn list<'e>(
 /// attempts left first (a dead worker's jobs), then ready jobs, oldest due
 /// first. Each query walks `jobs_claimable` in order; one query with an
 /// `OR` of both cases sorted every due job on every claim.
-pub(super) async fn claim(store: &SqliteStore, c: JobClaim) -> Result<Vec<ClaimedJob>> {
+pub(super) async fn claim_tx(tx: &mut Tx, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
     let limit = c.limit.max(1) as i64;
-    let mut tx = store.begin_write().await?;
     let expired: Vec<(i64, i64)> = sqlx::query_as(
         "SELECT id, attempt FROM jobs
          WHERE state = 'running' AND lease_expires_at <= ?1 AND attempt < max_attempts
@@ -35,7 +34,7 @@ pub(super) async fn claim(store: &SqliteStore, c: JobClaim) -> Result<Vec<Claime
     .bind(c.now)
     .bind(c.only_job)
     .bind(limit)
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?;
     let ready: Vec<i64> = sqlx::query_scalar(
         "SELECT id FROM jobs
@@ -45,7 +44,7 @@ pub(super) async fn claim(store: &SqliteStore, c: JobClaim) -> Result<Vec<Claime
     .bind(c.now)
     .bind(c.only_job)
     .bind(limit - expired.len() as i64)
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?;
     for (job_id, previous) in &expired {
         sqlx::query(
@@ -56,7 +55,7 @@ pub(super) async fn claim(store: &SqliteStore, c: JobClaim) -> Result<Vec<Claime
         .bind(c.now)
         .bind(job_id)
         .bind(previous)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     }
     let lease_expires_at = c.now + c.lease_ms;
@@ -72,10 +71,10 @@ pub(super) async fn claim(store: &SqliteStore, c: JobClaim) -> Result<Vec<Claime
         .bind(lease_expires_at)
         .bind(c.now)
         .bind(job_id)
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut **tx)
         .await?;
         let job = rows::claimed_job(&row, job_id, lease_expires_at)?;
-        let seq = next_seq(&mut tx).await?;
+        let seq = next_seq(tx).await?;
         sqlx::query(
             "INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest,
                                    claim_seq, claimed_at, outcome)
@@ -89,11 +88,10 @@ pub(super) async fn claim(store: &SqliteStore, c: JobClaim) -> Result<Vec<Claime
         .bind(&job.plugin_digest)
         .bind(seq)
         .bind(c.now)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
         claimed.push(job);
     }
-    tx.commit().await?;
     Ok(claimed)
 }
 

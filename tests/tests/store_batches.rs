@@ -2,12 +2,13 @@
 //! several completions in one transaction (group commit) keep every
 //! per-attempt guarantee, on every backend.
 //!
-//! Checked on buggy shapes, each seen failing here:
-//! - the batch fenced on its first attempt only (`store/complete.rs`): the
-//!   zombie's proposal became canonical and the fencing test failed;
+//! Checked on buggy shapes, each seen failing here (on SQLite):
+//! - a batch answering `LeaseLost` for every attempt as soon as one is
+//!   fenced out (`store/complete.rs`): the fencing test failed;
 //! - one dependent decrement per batch instead of one per satisfied edge:
 //!   the join stayed blocked and the fan-in test failed;
-//! - ready jobs claimed before expired leases: the claim-order test failed.
+//! - ready jobs claimed before expired leases (`sqlite/jobs.rs`): the
+//!   claim-order test failed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

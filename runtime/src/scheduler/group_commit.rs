@@ -3,11 +3,18 @@
 //! asked for its successor: one durable commit for many stages. Nothing
 //! waits for a batch to fill, so an idle worker commits each completion at
 //! once.
+//!
+//! Where the store takes parallel writers (Postgres), each committer has a
+//! queue of its own and a run's completions always go to the same one. The
+//! stages of a fan-out then share batches instead of racing each other for
+//! their join's row lock: a batch decrements the join once, and no other
+//! committer of this worker waits on it.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::SchedulerProbe;
 use crate::clock::Clock;
@@ -63,11 +70,11 @@ pub(super) struct Claimer {
 
 pub(super) struct GroupCommit<C = Arc<dyn Store>> {
     committer: Arc<Committer<C>>,
-    /// Committer tasks taking batches off the one queue.
+    /// Committer tasks, each with a queue of its own.
     parallel: usize,
-    /// The committer task starts on the first completion, inside the
-    /// caller's runtime, and ends when this sender is dropped.
-    queue: OnceLock<mpsc::UnboundedSender<Request>>,
+    /// The committer tasks start on the first completion, inside the
+    /// caller's runtime, and each ends when its queue's sender is dropped.
+    queues: OnceLock<Vec<mpsc::UnboundedSender<Request>>>,
 }
 
 impl<C: CommitBatch> GroupCommit<C> {
@@ -82,7 +89,7 @@ impl<C: CommitBatch> GroupCommit<C> {
                 stats: Arc::default(),
                 claimer,
             }),
-            queue: OnceLock::new(),
+            queues: OnceLock::new(),
         }
     }
 
@@ -95,14 +102,18 @@ impl<C: CommitBatch> GroupCommit<C> {
     /// The answer is `c`'s own; so is an error: a batch that fails is
     /// retried one request per transaction before anyone is answered.
     pub(super) async fn complete(&self, run_id: &str, c: JobComplete, claim_next: bool) -> Answer {
-        let queue = self.queue.get_or_init(|| {
-            let (send, receive) = mpsc::unbounded_channel();
-            let receive = Arc::new(Mutex::new(receive));
-            for _ in 0..self.parallel {
-                tokio::spawn(self.committer.clone().run(receive.clone()));
-            }
-            send
+        let queues = self.queues.get_or_init(|| {
+            (0..self.parallel)
+                .map(|_| {
+                    let (send, receive) = mpsc::unbounded_channel();
+                    tokio::spawn(self.committer.clone().run(receive));
+                    send
+                })
+                .collect()
         });
+        let mut hasher = DefaultHasher::new();
+        run_id.hash(&mut hasher);
+        let queue = &queues[(hasher.finish() % queues.len() as u64) as usize];
         let (reply, answer) = oneshot::channel();
         let request = Request {
             complete: c,
@@ -127,16 +138,12 @@ struct Committer<C> {
 }
 
 impl<C: CommitBatch> Committer<C> {
-    /// Takes what is waiting (the next committer waits meanwhile) and
-    /// commits it, until the queue's sender is gone.
-    async fn run(self: Arc<Self>, queue: Arc<Mutex<mpsc::UnboundedReceiver<Request>>>) {
+    /// Takes what is waiting and commits it, until the queue's sender is
+    /// gone.
+    async fn run(self: Arc<Self>, mut queue: mpsc::UnboundedReceiver<Request>) {
         let mut waiting = Vec::with_capacity(self.max_batch);
         loop {
-            let taken = queue
-                .lock()
-                .await
-                .recv_many(&mut waiting, self.max_batch)
-                .await;
+            let taken = queue.recv_many(&mut waiting, self.max_batch).await;
             if taken == 0 {
                 return;
             }
@@ -302,14 +309,19 @@ mod tests {
 
     /// Holds the first commit, queues `later` more behind it, lets it go,
     /// and returns every answer with the batches the target saw.
-    async fn hold_first_then_queue(gate: Gate, later: i64) -> (Vec<Answer>, Batches) {
+    /// All of one run, through `parallel` committers.
+    async fn hold_first_then_queue(
+        gate: Gate,
+        later: i64,
+        parallel: usize,
+    ) -> (Vec<Answer>, Batches) {
         let claimer = Claimer {
             worker: "w".into(),
             lease_ms: 1_000,
             clock: Arc::new(ManualClock::new(0)),
             probe: None,
         };
-        let commits = Arc::new(GroupCommit::new(gate, 64, 1, claimer));
+        let commits = Arc::new(GroupCommit::new(gate, 64, parallel, claimer));
         let first = tokio::spawn({
             let commits = commits.clone();
             async move { commits.complete("r", completion(0), false).await }
@@ -355,7 +367,7 @@ mod tests {
 
     #[tokio::test]
     async fn completions_queued_behind_a_commit_share_the_next_transaction() {
-        let (answers, batches) = hold_first_then_queue(Gate::default(), 5).await;
+        let (answers, batches) = hold_first_then_queue(Gate::default(), 5, 1).await;
         assert_eq!(batches, vec![(vec![0], 0), (vec![1, 2, 3, 4, 5], 3)]);
         let mut handed_out = Vec::new();
         for (job, answer) in answers.into_iter().enumerate() {
@@ -369,13 +381,23 @@ mod tests {
         assert_eq!(handed_out, [100, 101, 102], "one claim, in request order");
     }
 
+    /// With one queue shared by all committers, idle committers took each
+    /// of the run's later completions alone, and on Postgres they queued on
+    /// their join's row lock.
+    #[tokio::test]
+    async fn a_runs_completions_go_through_one_of_the_parallel_committers() {
+        let (answers, batches) = hold_first_then_queue(Gate::default(), 5, 4).await;
+        assert_eq!(batches, vec![(vec![0], 0), (vec![1, 2, 3, 4, 5], 3)]);
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    }
+
     #[tokio::test]
     async fn a_failing_batch_is_retried_alone_so_only_the_culprit_fails() {
         let gate = Gate {
             poison: Some(3),
             ..Gate::default()
         };
-        let (answers, batches) = hold_first_then_queue(gate, 4).await;
+        let (answers, batches) = hold_first_then_queue(gate, 4, 1).await;
         assert_eq!(
             batches,
             vec![

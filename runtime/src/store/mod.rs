@@ -123,10 +123,7 @@ macro_rules! impl_store {
                 artifacts::inputs_load(self, run_id, stage).await
             }
             async fn artifact_put_canonical(&self, a: ArtifactPut) -> Result<CanonicalArtifact> {
-                let mut tx = self.begin_write().await?;
-                let canonical = artifacts::put_canonical_tx(&mut tx, a.borrowed()).await?;
-                tx.commit().await?;
-                Ok(canonical)
+                artifacts::put_canonical(self, a).await
             }
             async fn artifact_get(&self, run_id: &str, stage: &str, output: &str) -> Result<Option<Artifact>> {
                 artifacts::get(&self.pool, run_id, stage, output).await

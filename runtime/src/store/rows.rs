@@ -93,6 +93,26 @@ pub(crate) fn job_row(row: &impl RowExt) -> Result<JobRow> {
 }
 
 /// The claim's view of a job row just moved to `running`.
+/// A fenced job row: `id, run_id, stage, plugin_digest, emits`.
+pub(crate) fn fenced(row: &impl RowExt) -> Result<crate::store::complete::Fenced> {
+    Ok(crate::store::complete::Fenced {
+        job_id: row.int("id")?,
+        run_id: row.text("run_id")?,
+        stage: row.text("stage")?,
+        plugin_digest: row.text("plugin_digest")?,
+        emits: json_list("jobs", &row.text("emits")?)?,
+    })
+}
+
+/// A satisfied edge: `run_id, from_stage, to_stage`.
+pub(crate) fn edge_satisfied(row: &impl RowExt) -> Result<crate::store::complete::EdgeSatisfied> {
+    Ok(crate::store::complete::EdgeSatisfied {
+        run_id: row.text("run_id")?,
+        from_stage: row.text("from_stage")?,
+        to_stage: row.text("to_stage")?,
+    })
+}
+
 pub(crate) fn claimed_job(
     row: &impl RowExt,
     job_id: i64,

@@ -4,6 +4,17 @@ use sqlx::{PgPool, Row};
 
 use super::*;
 
+/// One artifact, canonical-first, in a transaction of its own.
+pub(super) async fn put_canonical(
+    store: &PostgresStore,
+    a: ArtifactPut,
+) -> Result<CanonicalArtifact> {
+    let mut tx = store.begin_write().await?;
+    let canonical = put_canonical_tx(&mut tx, a.borrowed()).await?;
+    tx.commit().await?;
+    Ok(canonical)
+}
+
 /// `INSERT … ON CONFLICT DO NOTHING RETURNING`, and when nothing comes back,
 /// read the winner (which, under READ COMMITTED, a concurrent inserter has
 /// committed by the time the insert returns).

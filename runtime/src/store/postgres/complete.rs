@@ -1,9 +1,11 @@
 //! The statements of a completion (`store::complete`), in PostgreSQL's dialect.
 
-use sqlx::Row;
+use std::collections::HashMap;
 
 use super::*;
-use crate::store::complete::{self, AttemptSucceeded, CompletionTx, Fenced, OutboxPut};
+use crate::store::complete::{
+    self, AttemptKey, CompletionTx, DependentRelease, EdgeSatisfied, Fenced, Success,
+};
 
 pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome> {
     let mut tx = store.begin_write().await?;
@@ -13,135 +15,221 @@ pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatc
         None => Vec::new(),
     };
     tx.commit().await?;
-    Ok(JobBatchOutcome { completed, claimed })
+    let outcome = JobBatchOutcome { completed, claimed };
+    // After the commit, not in it: a transaction that notifies holds a
+    // lock shared by every notifier until its commit is flushed, which
+    // would put the parallel committers' flushes in a row.
+    if complete::released_unclaimed(b, &outcome) {
+        notify_ready(&store.pool).await?;
+    }
+    Ok(outcome)
 }
 
 struct Completion<'t>(&'t mut Tx);
 
+/// One column of a set of rows, bound as one array parameter.
+fn column<'r, T, U>(rows: &'r [T], f: impl Fn(&'r T) -> U) -> Vec<U> {
+    rows.iter().map(f).collect()
+}
+
 impl CompletionTx for Completion<'_> {
-    async fn fence(&mut self, job_id: i64, attempt: i64, worker: &str) -> Result<Option<Fenced>> {
-        let Some(row) = jobs::fence(self.0, job_id, attempt, worker).await? else {
-            return Ok(None);
-        };
-        Ok(Some(Fenced {
-            run_id: row.try_get("run_id")?,
-            stage: row.try_get("stage")?,
-            plugin_digest: row.try_get("plugin_digest")?,
-            emits: rows::json_list("jobs", &row.try_get::<String, _>("emits")?)?,
-        }))
-    }
-
-    async fn artifact_put_canonical(&mut self, a: CanonicalPut<'_>) -> Result<CanonicalArtifact> {
-        artifacts::put_canonical_tx(self.0, a).await
-    }
-
-    async fn outbox_put(&mut self, o: &OutboxPut<'_>) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (dedup_key) DO NOTHING",
+    async fn fence(&mut self, attempts: &[AttemptKey<'_>]) -> Result<Vec<Fenced>> {
+        let rows = sqlx::query(
+            "SELECT j.id, j.run_id, j.stage, j.plugin_digest, j.emits
+             FROM jobs j
+             JOIN UNNEST($1::BIGINT[], $2::BIGINT[], $3::TEXT[]) AS k(id, attempt, worker)
+               ON j.id = k.id AND j.attempt = k.attempt AND j.lease_owner = k.worker
+             WHERE j.state = 'running'
+             ORDER BY j.id
+             FOR UPDATE OF j",
         )
-        .bind(&o.dedup_key)
-        .bind(o.run_id)
-        .bind(o.stage)
-        .bind(o.event)
-        .bind(&o.payload)
-        .bind(o.now)
-        .execute(&mut **self.0)
-        .await?;
-        Ok(())
-    }
-
-    async fn job_succeed(&mut self, job_id: i64, now: i64) -> Result<()> {
-        sqlx::query(
-            "UPDATE jobs SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,
-                    last_error = NULL, succeeded_seq = nextval('ratchet_seq'), updated_at = $1
-             WHERE id = $2",
-        )
-        .bind(now)
-        .bind(job_id)
-        .execute(&mut **self.0)
-        .await?;
-        Ok(())
-    }
-
-    async fn edges_satisfy(&mut self, run_id: &str, stage: &str) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(
-            "UPDATE edges SET satisfied = 1
-             WHERE run_id = $1 AND from_stage = $2 AND satisfied = 0
-             RETURNING to_stage",
-        )
-        .bind(run_id)
-        .bind(stage)
+        .bind(column(attempts, |a| a.job_id))
+        .bind(column(attempts, |a| a.attempt))
+        .bind(column(attempts, |a| a.worker))
         .fetch_all(&mut **self.0)
-        .await?)
+        .await?;
+        rows.iter().map(rows::fenced).collect()
     }
 
-    /// A decrement of the locked row reads its latest version, so two
-    /// predecessors finishing at once cannot both miss each other (a recount
-    /// in one statement could, under READ COMMITTED).
-    async fn dependent_release(
+    /// One insert for all; the keys it did not insert (a concurrent
+    /// inserter's, committed by the time the insert returns, under READ
+    /// COMMITTED) are read back in one more statement.
+    async fn artifacts_put_canonical(
         &mut self,
-        run_id: &str,
-        stage: &str,
-        edges: i64,
+        puts: &[CanonicalPut<'_>],
+    ) -> Result<Vec<CanonicalArtifact>> {
+        let (runs, stages, outputs) = (
+            column(puts, |a| a.run_id),
+            column(puts, |a| a.stage),
+            column(puts, |a| a.output),
+        );
+        let inserted: Vec<(String, String, String, String)> = sqlx::query_as(
+            "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
+                                    attempt, plugin_digest, created_at)
+             SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BYTEA[],
+                                  $6::TEXT[], $7::BIGINT[], $8::BIGINT[], $9::TEXT[],
+                                  $10::BIGINT[])
+             ON CONFLICT (run_id, stage, output) DO NOTHING
+             RETURNING run_id, stage, output, digest",
+        )
+        .bind(&runs)
+        .bind(&stages)
+        .bind(&outputs)
+        .bind(column(puts, |a| a.media_type))
+        .bind(column(puts, |a| a.bytes))
+        .bind(column(puts, |a| a.digest))
+        .bind(column(puts, |a| a.bytes.len() as i64))
+        .bind(column(puts, |a| a.attempt))
+        .bind(column(puts, |a| a.plugin_digest))
+        .bind(column(puts, |a| a.now))
+        .fetch_all(&mut **self.0)
+        .await?;
+        let mut stored: HashMap<(String, String, String), CanonicalArtifact> = inserted
+            .into_iter()
+            .map(|(run, stage, output, digest)| {
+                let won = CanonicalArtifact {
+                    digest,
+                    inserted: true,
+                };
+                ((run, stage, output), won)
+            })
+            .collect();
+        if stored.len() < puts.len() {
+            let winners: Vec<(String, String, String, String)> = sqlx::query_as(
+                "SELECT a.run_id, a.stage, a.output, a.digest
+                 FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[]) AS k(run_id, stage, output)
+                 JOIN artifacts a
+                   ON a.run_id = k.run_id AND a.stage = k.stage AND a.output = k.output",
+            )
+            .bind(&runs)
+            .bind(&stages)
+            .bind(&outputs)
+            .fetch_all(&mut **self.0)
+            .await?;
+            for (run, stage, output, digest) in winners {
+                stored
+                    .entry((run, stage, output))
+                    .or_insert(CanonicalArtifact {
+                        digest,
+                        inserted: false,
+                    });
+            }
+        }
+        complete::canonical_in_order(puts, &stored)
+    }
+
+    /// One statement: the outbox rows, the jobs and the attempts are
+    /// written by data-modifying `WITH` clauses, and the edges by the main
+    /// statement, which returns them. The jobs take values of the shared
+    /// order in the order given, as on SQLite.
+    async fn record_success(&mut self, s: &Success<'_>) -> Result<Vec<EdgeSatisfied>> {
+        let (outbox, attempts) = (&s.outbox, &s.attempts);
+        let rows = sqlx::query(
+            "WITH outbox_rows AS (
+                 INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
+                 SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[],
+                                      $5::TEXT[], $6::BIGINT[])
+                 ON CONFLICT (dedup_key) DO NOTHING
+             ), succeeded AS (
+                 UPDATE jobs SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,
+                        last_error = NULL, succeeded_seq = s.seq, updated_at = $7
+                 FROM (SELECT id, nextval('ratchet_seq') AS seq
+                       FROM UNNEST($8::BIGINT[]) WITH ORDINALITY AS x(id, n) ORDER BY n) AS s
+                 WHERE jobs.id = s.id
+             ), attempted AS (
+                 UPDATE attempts a SET outcome = 'succeeded', finished_at = x.now,
+                        input_digests = x.inputs, proposal_digests = x.proposals,
+                        canonical_digests = x.canonical, proposal_won = x.won
+                 FROM UNNEST($9::BIGINT[], $10::BIGINT[], $11::BIGINT[], $12::TEXT[], $13::TEXT[],
+                             $14::TEXT[], $15::BIGINT[])
+                      AS x(job_id, attempt, now, inputs, proposals, canonical, won)
+                 WHERE a.job_id = x.job_id AND a.attempt = x.attempt
+             )
+             UPDATE edges e SET satisfied = 1
+             FROM UNNEST($16::TEXT[], $17::TEXT[]) AS f(run_id, stage)
+             WHERE e.run_id = f.run_id AND e.from_stage = f.stage AND e.satisfied = 0
+             RETURNING e.run_id, e.from_stage, e.to_stage",
+        )
+        .bind(column(outbox, |o| o.dedup_key.as_str()))
+        .bind(column(outbox, |o| o.run_id))
+        .bind(column(outbox, |o| o.stage))
+        .bind(column(outbox, |o| o.event))
+        .bind(column(outbox, |o| o.payload.as_str()))
+        .bind(column(outbox, |o| o.now))
+        .bind(s.now)
+        .bind(&s.job_ids)
+        .bind(column(attempts, |a| a.job_id))
+        .bind(column(attempts, |a| a.attempt))
+        .bind(column(attempts, |a| a.now))
+        .bind(column(attempts, |a| to_json(a.input_digests)))
+        .bind(column(attempts, |a| to_json(&a.proposals)))
+        .bind(column(attempts, |a| to_json(&a.canonical)))
+        .bind(column(attempts, |a| i64::from(a.all_won)))
+        .bind(column(&s.from, |f| f.0))
+        .bind(column(&s.from, |f| f.1))
+        .fetch_all(&mut **self.0)
+        .await?;
+        rows.iter().map(rows::edge_satisfied).collect()
+    }
+
+    /// The rows are locked in `(run, stage)` order first (`MATERIALIZED`
+    /// keeps that lock step whole); the decrement then reads each locked
+    /// row's latest version, so two predecessors finishing at once cannot
+    /// both miss each other (a recount in one statement could, under READ
+    /// COMMITTED).
+    async fn dependents_release(
+        &mut self,
+        dependents: &[DependentRelease<'_>],
         now: i64,
-    ) -> Result<bool> {
-        let state: Option<String> = sqlx::query_scalar(
-            "UPDATE jobs SET pending = pending - $1,
-                    state = CASE WHEN state = 'blocked' AND pending - $1 <= 0 THEN 'ready' ELSE state END,
-                    next_run_at = CASE WHEN state = 'blocked' AND pending - $1 <= 0 THEN $2 ELSE next_run_at END,
-                    updated_at = $2
-             WHERE run_id = $3 AND stage = $4
-             RETURNING state",
+    ) -> Result<Vec<bool>> {
+        let ready: Vec<(String, String)> = sqlx::query_as(
+            "WITH locked AS MATERIALIZED (
+                 SELECT j.id, d.edges FROM jobs j
+                 JOIN UNNEST($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS d(run_id, stage, edges)
+                   ON j.run_id = d.run_id AND j.stage = d.stage
+                 ORDER BY j.run_id, j.stage
+                 FOR NO KEY UPDATE OF j
+             )
+             UPDATE jobs j SET pending = j.pending - l.edges,
+                    state = CASE WHEN j.state = 'blocked' AND j.pending - l.edges <= 0
+                                 THEN 'ready' ELSE j.state END,
+                    next_run_at = CASE WHEN j.state = 'blocked' AND j.pending - l.edges <= 0
+                                       THEN $4 ELSE j.next_run_at END,
+                    updated_at = $4
+             FROM locked l WHERE j.id = l.id
+             RETURNING j.run_id, j.stage, j.state",
         )
-        .bind(edges)
+        .bind(column(dependents, |d| d.run_id))
+        .bind(column(dependents, |d| d.stage))
+        .bind(column(dependents, |d| d.edges))
         .bind(now)
-        .bind(run_id)
-        .bind(stage)
-        .fetch_optional(&mut **self.0)
-        .await?;
-        Ok(state.as_deref() == Some("ready"))
+        .fetch_all(&mut **self.0)
+        .await?
+        .into_iter()
+        .filter_map(|(run, stage, state): (String, String, String)| {
+            (state == "ready").then_some((run, stage))
+        })
+        .collect();
+        Ok(complete::ready_in_order(dependents, &ready))
     }
 
-    async fn attempt_succeed(&mut self, a: &AttemptSucceeded<'_>) -> Result<()> {
-        sqlx::query(
-            "UPDATE attempts SET outcome = 'succeeded', finished_at = $1, input_digests = $2,
-                    proposal_digests = $3, canonical_digests = $4, proposal_won = $5
-             WHERE job_id = $6 AND attempt = $7",
-        )
-        .bind(a.now)
-        .bind(to_json(a.input_digests))
-        .bind(to_json(&a.proposals))
-        .bind(to_json(&a.canonical))
-        .bind(i64::from(a.all_won))
-        .bind(a.job_id)
-        .bind(a.attempt)
-        .execute(&mut **self.0)
-        .await?;
-        Ok(())
-    }
-
-    /// Locks the run row first: the last two completions of a run then see
+    /// Locks the run rows first: the last two completions of a run then see
     /// each other's commits, and one of them finishes the run.
-    async fn run_finish_if_done(&mut self, run_id: &str, now: i64) -> Result<()> {
-        sqlx::query("SELECT id FROM runs WHERE id = $1 FOR NO KEY UPDATE")
-            .bind(run_id)
-            .fetch_optional(&mut **self.0)
+    async fn runs_finish_if_done(&mut self, runs: &[&str], now: i64) -> Result<()> {
+        sqlx::query("SELECT id FROM runs WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
+            .bind(runs)
+            .execute(&mut **self.0)
             .await?;
         sqlx::query(
             "UPDATE runs SET state = 'succeeded', finished_at = $1
-             WHERE id = $2 AND state = 'running'
-               AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = $2
+             WHERE id = ANY($2) AND state = 'running'
+               AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.run_id = runs.id
                                  AND state IN ('blocked', 'ready', 'running', 'failed', 'dead', 'cancelled'))",
         )
         .bind(now)
-        .bind(run_id)
+        .bind(runs)
         .execute(&mut **self.0)
         .await?;
         Ok(())
-    }
-
-    async fn ready_notify(&mut self) -> Result<()> {
-        notify_ready(self.0).await
     }
 }

@@ -22,91 +22,61 @@ pub(super) async fn list<'e>(
 
 /// Claims up to `c.limit` jobs in one transaction: expired leases with
 /// attempts left first (a dead worker's jobs), then ready jobs, oldest due
-/// first; rows another claimer holds are skipped, not waited for.
+/// first; rows another claimer holds are skipped, not waited for. One
+/// statement: each part walks `jobs_claimable` in its order, and
+/// data-modifying `WITH` clauses close the taken-over attempts, take the
+/// jobs and open their attempts.
 pub(super) async fn claim_tx(tx: &mut Tx, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
-    let limit = c.limit.max(1) as i64;
-    let expired: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT id, attempt FROM jobs
-         WHERE state = 'running' AND lease_expires_at <= $1 AND attempt < max_attempts
-           AND ($2::BIGINT IS NULL OR id = $2)
-         ORDER BY lease_expires_at, id LIMIT $3
-         FOR UPDATE SKIP LOCKED",
+    let lease_expires_at = c.now + c.lease_ms;
+    let rows = sqlx::query(
+        "WITH expired AS (
+             SELECT id, attempt, lease_expires_at AS due FROM jobs
+             WHERE state = 'running' AND lease_expires_at <= $1 AND attempt < max_attempts
+               AND ($2::BIGINT IS NULL OR id = $2)
+             ORDER BY lease_expires_at, id LIMIT $3
+             FOR UPDATE SKIP LOCKED
+         ), ready AS (
+             SELECT id, attempt, next_run_at AS due FROM jobs
+             WHERE state = 'ready' AND next_run_at <= $1 AND ($2::BIGINT IS NULL OR id = $2)
+             ORDER BY next_run_at, id LIMIT $3
+             FOR UPDATE SKIP LOCKED
+         ), chosen AS (
+             SELECT id, attempt, 0 AS part, due FROM expired
+             UNION ALL
+             SELECT id, attempt, 1 AS part, due FROM ready
+             ORDER BY part, due, id LIMIT $3
+         ), taken_over AS (
+             UPDATE attempts SET outcome = 'lease_expired', finished_at = $1,
+                    error = 'lease expired before the attempt finished; job taken over'
+             FROM chosen
+             WHERE chosen.part = 0 AND attempts.job_id = chosen.id
+               AND attempts.attempt = chosen.attempt AND attempts.outcome = 'running'
+         ), claimed AS (
+             UPDATE jobs SET state = 'running', attempt = jobs.attempt + 1, lease_owner = $4,
+                    lease_expires_at = $5, updated_at = $1
+             FROM chosen WHERE jobs.id = chosen.id
+             RETURNING jobs.id, jobs.run_id, jobs.stage, jobs.plugin_digest, jobs.attempt,
+                       jobs.max_attempts, jobs.outputs, jobs.emits, chosen.part, chosen.due
+         ), opened AS (
+             INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest,
+                                   claim_seq, claimed_at, outcome)
+             SELECT id, attempt, run_id, stage, $4, plugin_digest, nextval('ratchet_seq'), $1,
+                    'running'
+             FROM (SELECT * FROM claimed ORDER BY part, due, id) AS c
+         )
+         SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits
+         FROM claimed ORDER BY part, due, id",
     )
     .bind(c.now)
     .bind(c.only_job)
-    .bind(limit)
-    .fetch_all(&mut **tx)
-    .await?;
-    let mut ids: Vec<i64> = expired.iter().map(|(id, _)| *id).collect();
-    if ids.len() < limit as usize {
-        let ready: Vec<i64> = sqlx::query_scalar(
-            "SELECT id FROM jobs
-             WHERE state = 'ready' AND next_run_at <= $1 AND ($2::BIGINT IS NULL OR id = $2)
-             ORDER BY next_run_at, id LIMIT $3
-             FOR UPDATE SKIP LOCKED",
-        )
-        .bind(c.now)
-        .bind(c.only_job)
-        .bind(limit - ids.len() as i64)
-        .fetch_all(&mut **tx)
-        .await?;
-        ids.extend(ready);
-    }
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    if !expired.is_empty() {
-        let (jobs, attempts): (Vec<i64>, Vec<i64>) = expired.into_iter().unzip();
-        sqlx::query(
-            "UPDATE attempts SET outcome = 'lease_expired', finished_at = $1,
-                    error = 'lease expired before the attempt finished; job taken over'
-             FROM UNNEST($2::BIGINT[], $3::BIGINT[]) AS x(job_id, attempt)
-             WHERE attempts.job_id = x.job_id AND attempts.attempt = x.attempt
-               AND attempts.outcome = 'running'",
-        )
-        .bind(c.now)
-        .bind(&jobs)
-        .bind(&attempts)
-        .execute(&mut **tx)
-        .await?;
-    }
-    let lease_expires_at = c.now + c.lease_ms;
-    let rows = sqlx::query(
-        "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = $1,
-                lease_expires_at = $2, updated_at = $3
-         WHERE id = ANY($4)
-         RETURNING id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits",
-    )
+    .bind(c.limit.max(1) as i64)
     .bind(&c.worker)
     .bind(lease_expires_at)
-    .bind(c.now)
-    .bind(&ids)
     .fetch_all(&mut **tx)
     .await?;
-    let mut claimed = rows
-        .iter()
+    rows.iter()
         .map(|row| rows::claimed_job(row, row.try_get("id")?, lease_expires_at))
-        .collect::<Result<Vec<_>>>()?;
-    claimed.sort_by_key(|job| ids.iter().position(|id| *id == job.job_id));
-    let column = |f: fn(&ClaimedJob) -> String| claimed.iter().map(f).collect::<Vec<_>>();
-    sqlx::query(
-        "INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest, claim_seq,
-                               claimed_at, outcome)
-         SELECT job_id, attempt, run_id, stage, $1, plugin_digest, nextval('ratchet_seq'), $2,
-                'running'
-         FROM UNNEST($3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::TEXT[], $7::TEXT[])
-              AS x(job_id, attempt, run_id, stage, plugin_digest)",
-    )
-    .bind(&c.worker)
-    .bind(c.now)
-    .bind(claimed.iter().map(|j| j.job_id).collect::<Vec<_>>())
-    .bind(claimed.iter().map(|j| j.attempt).collect::<Vec<_>>())
-    .bind(column(|j| j.run_id.clone()))
-    .bind(column(|j| j.stage.clone()))
-    .bind(column(|j| j.plugin_digest.clone()))
-    .execute(&mut **tx)
-    .await?;
-    Ok(claimed)
+        .collect()
 }
 
 /// Locks and returns the job row if `(job, attempt, worker)` holds the lease.
@@ -296,7 +266,7 @@ pub(super) async fn reconcile(store: &PostgresStore, now: i64) -> Result<Reconci
     .await?
     .rows_affected();
     if ready > 0 {
-        notify_ready(&mut tx).await?;
+        notify_ready(&mut *tx).await?;
     }
     tx.commit().await?;
     Ok(report)

@@ -55,10 +55,10 @@ impl PostgresStore {
     }
 }
 
-async fn notify_ready(tx: &mut Tx) -> Result<()> {
+async fn notify_ready<'e>(ex: impl sqlx::Executor<'e, Database = Postgres>) -> Result<()> {
     sqlx::query("SELECT pg_notify($1, '')")
         .bind(READY_CHANNEL)
-        .execute(&mut **tx)
+        .execute(ex)
         .await?;
     Ok(())
 }

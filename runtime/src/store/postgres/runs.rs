@@ -78,7 +78,7 @@ pub(super) async fn submit(store: &PostgresStore, r: RunSubmit) -> Result<RunSub
         .execute(&mut *tx)
         .await?;
     }
-    notify_ready(&mut tx).await?;
+    notify_ready(&mut *tx).await?;
     tx.commit().await?;
     Ok(RunSubmitOutcome::Created(r.run_id))
 }

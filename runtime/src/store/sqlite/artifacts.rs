@@ -7,10 +7,22 @@ use super::*;
 const META_COLUMNS: &str =
     "run_id, stage, output, media_type, digest, size, attempt, plugin_digest, created_at";
 
+/// One artifact, canonical-first, in a transaction of its own.
+pub(super) async fn put_canonical(
+    store: &SqliteStore,
+    a: ArtifactPut,
+) -> Result<CanonicalArtifact> {
+    let mut writer = store.writer.lock().await;
+    let mut tx = begin_write(&mut writer).await?;
+    let canonical = put_canonical_tx(&mut tx, a.borrowed()).await?;
+    tx.commit().await?;
+    Ok(canonical)
+}
+
 /// `INSERT … ON CONFLICT DO NOTHING RETURNING`, and when nothing comes back,
 /// read the winner. The returned digest is the only one callers may use.
 pub(super) async fn put_canonical_tx(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     a: CanonicalPut<'_>,
 ) -> Result<CanonicalArtifact> {
     let inserted: Option<String> = sqlx::query_scalar(
@@ -107,7 +119,8 @@ pub(super) async fn inputs_load(
 }
 
 pub(super) async fn model_call_put(store: &SqliteStore, m: ModelCallPut) -> Result<ModelCall> {
-    let mut tx = store.begin_write().await?;
+    let mut writer = store.writer.lock().await;
+    let mut tx = begin_write(&mut writer).await?;
     sqlx::query(
         "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, attempt, created_at)
          VALUES (?, ?, ?, ?, ?, ?, ?)

@@ -5,7 +5,8 @@
 use super::*;
 
 pub(super) async fn raw_completion(store: &SqliteStore, r: RawCompletion) -> Result<()> {
-    let mut tx = store.begin_write().await?;
+    let mut writer = store.writer.lock().await;
+    let mut tx = begin_write(&mut writer).await?;
     artifacts::put_canonical_tx(&mut tx, r.artifact.borrowed()).await?;
     sqlx::query("UPDATE jobs SET updated_at = ? WHERE id = ?")
         .bind(r.artifact.now)

@@ -1,12 +1,21 @@
 //! The statements of a completion (`store::complete`), in SQLite's dialect.
 
-use sqlx::Row;
+use std::collections::HashMap;
+
+use sqlx::QueryBuilder;
 
 use super::*;
-use crate::store::complete::{self, AttemptSucceeded, CompletionTx, Fenced, OutboxPut};
+use crate::store::complete::{
+    self, AttemptKey, CompletionTx, DependentRelease, EdgeSatisfied, Fenced, Success,
+};
+
+/// Artifacts per multi-row insert: ten parameters each, far below SQLite's
+/// limit on bound parameters.
+const ARTIFACT_ROWS_PER_INSERT: usize = 256;
 
 pub(super) async fn batch(store: &SqliteStore, b: &JobBatch) -> Result<JobBatchOutcome> {
-    let mut tx = store.begin_write().await?;
+    let mut writer = store.writer.lock().await;
+    let mut tx = begin_write(&mut writer).await?;
     let completed = complete::complete_many(&mut Completion(&mut tx), &b.completions).await?;
     let claimed = match &b.claim {
         Some(claim) => jobs::claim_tx(&mut tx, claim).await?,
@@ -16,128 +25,210 @@ pub(super) async fn batch(store: &SqliteStore, b: &JobBatch) -> Result<JobBatchO
     Ok(JobBatchOutcome { completed, claimed })
 }
 
-struct Completion<'t>(&'t mut Tx);
+struct Completion<'t, 'c>(&'t mut Tx<'c>);
 
-impl CompletionTx for Completion<'_> {
-    async fn fence(&mut self, job_id: i64, attempt: i64, worker: &str) -> Result<Option<Fenced>> {
-        let Some(row) = jobs::fence(self.0, job_id, attempt, worker).await? else {
-            return Ok(None);
-        };
-        Ok(Some(Fenced {
-            run_id: row.try_get("run_id")?,
-            stage: row.try_get("stage")?,
-            plugin_digest: row.try_get("plugin_digest")?,
-            emits: rows::json_list("jobs", &row.try_get::<String, _>("emits")?)?,
-        }))
-    }
+/// Sets of rows go to SQLite as one JSON array bound to one parameter and
+/// read back with `json_each`: one statement per step, whatever the size.
+fn json_rows(rows: impl IntoIterator<Item = serde_json::Value>) -> String {
+    serde_json::Value::Array(rows.into_iter().collect()).to_string()
+}
 
-    async fn artifact_put_canonical(&mut self, a: CanonicalPut<'_>) -> Result<CanonicalArtifact> {
-        artifacts::put_canonical_tx(self.0, a).await
-    }
-
-    async fn outbox_put(&mut self, o: &OutboxPut<'_>) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
-             VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (dedup_key) DO NOTHING",
+impl CompletionTx for Completion<'_, '_> {
+    async fn fence(&mut self, attempts: &[AttemptKey<'_>]) -> Result<Vec<Fenced>> {
+        let keys = json_rows(
+            attempts
+                .iter()
+                .map(|a| serde_json::json!([a.job_id, a.attempt, a.worker])),
+        );
+        let rows = sqlx::query(
+            "SELECT j.id, j.run_id, j.stage, j.plugin_digest, j.emits
+             FROM json_each(?) AS k JOIN jobs j ON j.id = k.value ->> 0
+             WHERE j.attempt = k.value ->> 1 AND j.lease_owner = k.value ->> 2
+               AND j.state = 'running'
+             ORDER BY j.id",
         )
-        .bind(&o.dedup_key)
-        .bind(o.run_id)
-        .bind(o.stage)
-        .bind(o.event)
-        .bind(&o.payload)
-        .bind(o.now)
-        .execute(&mut **self.0)
-        .await?;
-        Ok(())
-    }
-
-    async fn job_succeed(&mut self, job_id: i64, now: i64) -> Result<()> {
-        let seq = next_seq(self.0).await?;
-        sqlx::query(
-            "UPDATE jobs SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,
-                    last_error = NULL, succeeded_seq = ?, updated_at = ?
-             WHERE id = ?",
-        )
-        .bind(seq)
-        .bind(now)
-        .bind(job_id)
-        .execute(&mut **self.0)
-        .await?;
-        Ok(())
-    }
-
-    async fn edges_satisfy(&mut self, run_id: &str, stage: &str) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(
-            "UPDATE edges SET satisfied = 1
-             WHERE run_id = ? AND from_stage = ? AND satisfied = 0
-             RETURNING to_stage",
-        )
-        .bind(run_id)
-        .bind(stage)
+        .bind(keys)
         .fetch_all(&mut **self.0)
-        .await?)
+        .await?;
+        rows.iter().map(rows::fenced).collect()
+    }
+
+    /// One multi-row insert (the bytes bound as blobs, which a JSON array
+    /// cannot carry); the keys it did not insert are read back at once.
+    async fn artifacts_put_canonical(
+        &mut self,
+        puts: &[CanonicalPut<'_>],
+    ) -> Result<Vec<CanonicalArtifact>> {
+        let mut stored = HashMap::with_capacity(puts.len());
+        for chunk in puts.chunks(ARTIFACT_ROWS_PER_INSERT) {
+            let mut insert = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
+                                        attempt, plugin_digest, created_at) ",
+            );
+            insert.push_values(chunk, |mut row, a| {
+                row.push_bind(a.run_id)
+                    .push_bind(a.stage)
+                    .push_bind(a.output)
+                    .push_bind(a.media_type)
+                    .push_bind(a.bytes)
+                    .push_bind(a.digest)
+                    .push_bind(a.bytes.len() as i64)
+                    .push_bind(a.attempt)
+                    .push_bind(a.plugin_digest)
+                    .push_bind(a.now);
+            });
+            insert.push(
+                " ON CONFLICT (run_id, stage, output) DO NOTHING
+                 RETURNING run_id, stage, output, digest",
+            );
+            let inserted: Vec<(String, String, String, String)> =
+                insert.build_query_as().fetch_all(&mut **self.0).await?;
+            for (run, stage, output, digest) in inserted {
+                let won = CanonicalArtifact {
+                    digest,
+                    inserted: true,
+                };
+                stored.insert((run, stage, output), won);
+            }
+        }
+        if stored.len() < puts.len() {
+            let keys = json_rows(
+                puts.iter()
+                    .map(|a| serde_json::json!([a.run_id, a.stage, a.output])),
+            );
+            let winners: Vec<(String, String, String, String)> = sqlx::query_as(
+                "SELECT a.run_id, a.stage, a.output, a.digest
+                 FROM json_each(?) AS k JOIN artifacts a
+                   ON a.run_id = k.value ->> 0 AND a.stage = k.value ->> 1
+                  AND a.output = k.value ->> 2",
+            )
+            .bind(keys)
+            .fetch_all(&mut **self.0)
+            .await?;
+            for (run, stage, output, digest) in winners {
+                stored
+                    .entry((run, stage, output))
+                    .or_insert(CanonicalArtifact {
+                        digest,
+                        inserted: false,
+                    });
+            }
+        }
+        complete::canonical_in_order(puts, &stored)
+    }
+
+    /// One call of five statements sharing one parameter, a JSON document
+    /// of every row (sqlx binds numbered parameters a statement skips to
+    /// the wrong values, so each statement reads `?1` only); the jobs take
+    /// consecutive values of the shared order, in the order given.
+    async fn record_success(&mut self, s: &Success<'_>) -> Result<Vec<EdgeSatisfied>> {
+        let outbox: Vec<_> = s
+            .outbox
+            .iter()
+            .map(|o| serde_json::json!([o.dedup_key, o.run_id, o.stage, o.event, o.payload, o.now]))
+            .collect();
+        let attempts: Vec<_> = s
+            .attempts
+            .iter()
+            .map(|a| {
+                serde_json::json!([
+                    a.job_id,
+                    a.attempt,
+                    a.now,
+                    to_json(a.input_digests),
+                    to_json(&a.proposals),
+                    to_json(&a.canonical),
+                    a.all_won,
+                ])
+            })
+            .collect();
+        let success = serde_json::json!({
+            "outbox": outbox,
+            "jobs": s.job_ids,
+            "now": s.now,
+            "attempts": attempts,
+            "from": s.from,
+        });
+        let rows = sqlx::query(
+            "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
+             SELECT o.value ->> 0, o.value ->> 1, o.value ->> 2, o.value ->> 3, o.value ->> 4,
+                    o.value ->> 5
+             FROM json_each(?1, '$.outbox') AS o WHERE true
+             ON CONFLICT (dedup_key) DO NOTHING;
+
+             UPDATE counters SET value = value + json_array_length(?1, '$.jobs')
+             WHERE name = 'seq';
+
+             UPDATE jobs SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,
+                    last_error = NULL, updated_at = ?1 ->> '$.now',
+                    succeeded_seq = (SELECT value FROM counters WHERE name = 'seq')
+                                    - json_array_length(?1, '$.jobs') + 1 + k.key
+             FROM json_each(?1, '$.jobs') AS k WHERE jobs.id = k.value;
+
+             UPDATE attempts SET outcome = 'succeeded', finished_at = a.value ->> 2,
+                    input_digests = a.value ->> 3, proposal_digests = a.value ->> 4,
+                    canonical_digests = a.value ->> 5, proposal_won = a.value ->> 6
+             FROM json_each(?1, '$.attempts') AS a
+             WHERE attempts.job_id = a.value ->> 0 AND attempts.attempt = a.value ->> 1;
+
+             UPDATE edges SET satisfied = 1
+             FROM json_each(?1, '$.from') AS f
+             WHERE edges.run_id = f.value ->> 0 AND edges.from_stage = f.value ->> 1
+               AND edges.satisfied = 0
+             RETURNING run_id, from_stage, to_stage",
+        )
+        .bind(success.to_string())
+        .fetch_all(&mut **self.0)
+        .await?;
+        rows.iter().map(rows::edge_satisfied).collect()
     }
 
     /// Only edges that were unsatisfied are counted, so a completion applied
     /// twice changes nothing; the reconciler's recount repairs any drift.
-    async fn dependent_release(
+    async fn dependents_release(
         &mut self,
-        run_id: &str,
-        stage: &str,
-        edges: i64,
+        dependents: &[DependentRelease<'_>],
         now: i64,
-    ) -> Result<bool> {
-        let state: Option<String> = sqlx::query_scalar(
-            "UPDATE jobs SET pending = pending - ?1,
-                    state = CASE WHEN state = 'blocked' AND pending - ?1 <= 0 THEN 'ready' ELSE state END,
-                    next_run_at = CASE WHEN state = 'blocked' AND pending - ?1 <= 0 THEN ?2 ELSE next_run_at END,
+    ) -> Result<Vec<bool>> {
+        let released = json_rows(
+            dependents
+                .iter()
+                .map(|d| serde_json::json!([d.run_id, d.stage, d.edges])),
+        );
+        let ready: Vec<(String, String)> = sqlx::query_as(
+            "UPDATE jobs SET pending = pending - (d.value ->> 2),
+                    state = CASE WHEN state = 'blocked' AND pending - (d.value ->> 2) <= 0
+                                 THEN 'ready' ELSE state END,
+                    next_run_at = CASE WHEN state = 'blocked' AND pending - (d.value ->> 2) <= 0
+                                       THEN ?2 ELSE next_run_at END,
                     updated_at = ?2
-             WHERE run_id = ?3 AND stage = ?4
-             RETURNING state",
+             FROM json_each(?1) AS d
+             WHERE jobs.run_id = d.value ->> 0 AND jobs.stage = d.value ->> 1
+             RETURNING run_id, stage, state",
         )
-        .bind(edges)
+        .bind(released)
         .bind(now)
-        .bind(run_id)
-        .bind(stage)
-        .fetch_optional(&mut **self.0)
-        .await?;
-        Ok(state.as_deref() == Some("ready"))
+        .fetch_all(&mut **self.0)
+        .await?
+        .into_iter()
+        .filter_map(|(run, stage, state): (String, String, String)| {
+            (state == "ready").then_some((run, stage))
+        })
+        .collect();
+        Ok(complete::ready_in_order(dependents, &ready))
     }
 
-    async fn attempt_succeed(&mut self, a: &AttemptSucceeded<'_>) -> Result<()> {
-        sqlx::query(
-            "UPDATE attempts SET outcome = 'succeeded', finished_at = ?, input_digests = ?,
-                    proposal_digests = ?, canonical_digests = ?, proposal_won = ?
-             WHERE job_id = ? AND attempt = ?",
-        )
-        .bind(a.now)
-        .bind(to_json(a.input_digests))
-        .bind(to_json(&a.proposals))
-        .bind(to_json(&a.canonical))
-        .bind(a.all_won)
-        .bind(a.job_id)
-        .bind(a.attempt)
-        .execute(&mut **self.0)
-        .await?;
-        Ok(())
-    }
-
-    async fn run_finish_if_done(&mut self, run_id: &str, now: i64) -> Result<()> {
+    async fn runs_finish_if_done(&mut self, runs: &[&str], now: i64) -> Result<()> {
         sqlx::query(
             "UPDATE runs SET state = 'succeeded', finished_at = ?1
-             WHERE id = ?2 AND state = 'running'
-               AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = ?2
+             WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'running'
+               AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = runs.id
                                  AND state IN ('blocked', 'ready', 'running', 'failed', 'dead', 'cancelled'))",
         )
         .bind(now)
-        .bind(run_id)
+        .bind(json_rows(runs.iter().map(|run| serde_json::json!(run))))
         .execute(&mut **self.0)
         .await?;
-        Ok(())
-    }
-
-    async fn ready_notify(&mut self) -> Result<()> {
-        // One process per SQLite file: the worker wakes itself in memory.
         Ok(())
     }
 }

@@ -21,83 +21,95 @@ pub(super) async fn list<'e>(
 
 /// Claims up to `c.limit` jobs in one transaction: expired leases with
 /// attempts left first (a dead worker's jobs), then ready jobs, oldest due
-/// first. Each query walks `jobs_claimable` in order; one query with an
-/// `OR` of both cases sorted every due job on every claim.
-pub(super) async fn claim_tx(tx: &mut Tx, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
-    let limit = c.limit.max(1) as i64;
-    let expired: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT id, attempt FROM jobs
-         WHERE state = 'running' AND lease_expires_at <= ?1 AND attempt < max_attempts
-           AND (?2 IS NULL OR id = ?2)
-         ORDER BY lease_expires_at, id LIMIT ?3",
+/// first. Each part walks `jobs_claimable` in its order (one query with an
+/// `OR` of both sorted every due job on every claim). Three calls: pick,
+/// take the jobs, then close the taken-over attempts and open the new ones.
+pub(super) async fn claim_tx(tx: &mut Tx<'_>, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
+    let picked: Vec<(i64, i64, bool)> = sqlx::query_as(
+        "SELECT id, attempt, expired FROM (
+             SELECT * FROM (SELECT id, attempt, 1 AS expired, lease_expires_at AS due FROM jobs
+                            WHERE state = 'running' AND lease_expires_at <= ?1
+                              AND attempt < max_attempts AND (?2 IS NULL OR id = ?2)
+                            ORDER BY lease_expires_at, id LIMIT ?3)
+             UNION ALL
+             SELECT * FROM (SELECT id, attempt, 0 AS expired, next_run_at AS due FROM jobs
+                            WHERE state = 'ready' AND next_run_at <= ?1
+                              AND (?2 IS NULL OR id = ?2)
+                            ORDER BY next_run_at, id LIMIT ?3))
+         ORDER BY expired DESC, due, id LIMIT ?3",
     )
     .bind(c.now)
     .bind(c.only_job)
-    .bind(limit)
+    .bind(c.limit.max(1) as i64)
     .fetch_all(&mut **tx)
     .await?;
-    let ready: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM jobs
-         WHERE state = 'ready' AND next_run_at <= ?1 AND (?2 IS NULL OR id = ?2)
-         ORDER BY next_run_at, id LIMIT ?3",
-    )
-    .bind(c.now)
-    .bind(c.only_job)
-    .bind(limit - expired.len() as i64)
-    .fetch_all(&mut **tx)
-    .await?;
-    for (job_id, previous) in &expired {
-        sqlx::query(
-            "UPDATE attempts SET outcome = 'lease_expired', finished_at = ?,
-                    error = 'lease expired before the attempt finished; job taken over'
-             WHERE job_id = ? AND attempt = ? AND outcome = 'running'",
-        )
-        .bind(c.now)
-        .bind(job_id)
-        .bind(previous)
-        .execute(&mut **tx)
-        .await?;
+    if picked.is_empty() {
+        return Ok(Vec::new());
     }
+    let ids: Vec<i64> = picked.iter().map(|(id, _, _)| *id).collect();
     let lease_expires_at = c.now + c.lease_ms;
-    let mut claimed = Vec::with_capacity(expired.len() + ready.len());
-    for job_id in expired.iter().map(|(id, _)| *id).chain(ready) {
-        let row = sqlx::query(
-            "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?,
-                    lease_expires_at = ?, updated_at = ?
-             WHERE id = ?
-             RETURNING run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits",
-        )
-        .bind(&c.worker)
-        .bind(lease_expires_at)
-        .bind(c.now)
-        .bind(job_id)
-        .fetch_one(&mut **tx)
-        .await?;
-        let job = rows::claimed_job(&row, job_id, lease_expires_at)?;
-        let seq = next_seq(tx).await?;
-        sqlx::query(
-            "INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest,
-                                   claim_seq, claimed_at, outcome)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running')",
-        )
-        .bind(job_id)
-        .bind(job.attempt)
-        .bind(&job.run_id)
-        .bind(&job.stage)
-        .bind(&c.worker)
-        .bind(&job.plugin_digest)
-        .bind(seq)
-        .bind(c.now)
-        .execute(&mut **tx)
-        .await?;
-        claimed.push(job);
-    }
+    let rows = sqlx::query(
+        "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
+                lease_expires_at = ?2, updated_at = ?3
+         WHERE id IN (SELECT value FROM json_each(?4))
+         RETURNING id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits",
+    )
+    .bind(&c.worker)
+    .bind(lease_expires_at)
+    .bind(c.now)
+    .bind(serde_json::Value::from(ids.clone()).to_string())
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut claimed = rows
+        .iter()
+        .map(|row| rows::claimed_job(row, row.try_get("id")?, lease_expires_at))
+        .collect::<Result<Vec<_>>>()?;
+    claimed.sort_by_key(|job| ids.iter().position(|id| *id == job.job_id));
+    let expired: Vec<_> = picked
+        .iter()
+        .filter(|(_, _, expired)| *expired)
+        .map(|(id, attempt, _)| serde_json::json!([id, attempt]))
+        .collect();
+    let opened: Vec<_> = claimed
+        .iter()
+        .map(|j| serde_json::json!([j.job_id, j.attempt, j.run_id, j.stage, j.plugin_digest]))
+        .collect();
+    let rows = serde_json::json!({
+        "now": c.now,
+        "worker": c.worker,
+        "expired": expired,
+        "opened": opened,
+    });
+    // Every statement reads the one parameter (see `complete.rs`); the new
+    // attempts take consecutive values of the shared order, in claim order.
+    sqlx::query(
+        "UPDATE attempts SET outcome = 'lease_expired', finished_at = ?1 ->> '$.now',
+                error = 'lease expired before the attempt finished; job taken over'
+         FROM json_each(?1, '$.expired') AS e
+         WHERE attempts.job_id = e.value ->> 0 AND attempts.attempt = e.value ->> 1
+           AND attempts.outcome = 'running';
+
+         UPDATE counters SET value = value + json_array_length(?1, '$.opened')
+         WHERE name = 'seq';
+
+         INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest,
+                               claim_seq, claimed_at, outcome)
+         SELECT a.value ->> 0, a.value ->> 1, a.value ->> 2, a.value ->> 3, ?1 ->> '$.worker',
+                a.value ->> 4,
+                (SELECT value FROM counters WHERE name = 'seq')
+                    - json_array_length(?1, '$.opened') + 1 + a.key,
+                ?1 ->> '$.now', 'running'
+         FROM json_each(?1, '$.opened') AS a",
+    )
+    .bind(rows.to_string())
+    .execute(&mut **tx)
+    .await?;
     Ok(claimed)
 }
 
 /// The job row, if `(job, attempt, worker)` still holds the lease.
 pub(super) async fn fence(
-    tx: &mut Tx,
+    tx: &mut Tx<'_>,
     job_id: i64,
     attempt: i64,
     worker: &str,
@@ -115,7 +127,7 @@ pub(super) async fn fence(
 
 /// Marks the job dead, the run failed and every job that has not started
 /// cancelled: a failed run starts nothing new.
-async fn kill_job(tx: &mut Tx, job_id: i64, run_id: &str, error: &str, now: i64) -> Result<()> {
+async fn kill_job(tx: &mut Tx<'_>, job_id: i64, run_id: &str, error: &str, now: i64) -> Result<()> {
     sqlx::query(
         "UPDATE jobs SET state = 'dead', lease_owner = NULL, lease_expires_at = NULL,
                 last_error = ?, updated_at = ?
@@ -145,7 +157,8 @@ async fn kill_job(tx: &mut Tx, job_id: i64, run_id: &str, error: &str, now: i64)
 }
 
 pub(super) async fn fail(store: &SqliteStore, f: JobFail) -> Result<FailOutcome> {
-    let mut tx = store.begin_write().await?;
+    let mut writer = store.writer.lock().await;
+    let mut tx = begin_write(&mut writer).await?;
     let Some(job) = fence(&mut tx, f.job_id, f.attempt, &f.worker).await? else {
         return Ok(FailOutcome::LeaseLost);
     };
@@ -212,7 +225,8 @@ pub(super) async fn summary(store: &SqliteStore, now: i64) -> Result<JobSummary>
 }
 
 pub(super) async fn reconcile(store: &SqliteStore, now: i64) -> Result<ReconcileReport> {
-    let mut tx = store.begin_write().await?;
+    let mut writer = store.writer.lock().await;
+    let mut tx = begin_write(&mut writer).await?;
     let mut report = ReconcileReport::default();
     let exhausted = sqlx::query(
         "SELECT id, run_id, attempt FROM jobs

@@ -1,5 +1,5 @@
 //! SQLite backend: WAL, `synchronous=FULL`, one writer at a time
-//! (`BEGIN IMMEDIATE`), many readers.
+//! (`BEGIN IMMEDIATE` on a connection of its own), many readers.
 
 mod artifacts;
 mod audit;
@@ -13,7 +13,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Sqlite, SqlitePool, Transaction};
+use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection, SqlitePool, Transaction};
+use tokio::sync::Mutex;
 
 use super::rows::{self, impl_row_ext, repin_refusal, to_json};
 use super::*;
@@ -22,12 +23,20 @@ impl_row_ext!(sqlx::sqlite::SqliteRow);
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
-type Tx = Transaction<'static, Sqlite>;
+type Tx<'c> = Transaction<'c, Sqlite>;
 
 /// The embedded store.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
+    /// Readers; WAL lets them run beside the writer.
     pool: SqlitePool,
+    /// The one connection that writes, outside the pool. SQLite admits one
+    /// writer at a time anyway; writers of this process queue here, in
+    /// order, instead of each retrying `BEGIN IMMEDIATE` in SQLite's busy
+    /// handler, which sleeps for milliseconds (other processes still meet
+    /// the busy timeout). Outside the pool, a transaction does not wait for
+    /// the pool to test the connection its predecessor released.
+    writer: Arc<Mutex<SqliteConnection>>,
 }
 
 impl SqliteStore {
@@ -41,28 +50,23 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(30))
             .foreign_keys(true)
             .synchronous(SqliteSynchronous::Full);
+        // A SQLite connection is a file handle in this process: there is
+        // nothing to test before handing it out.
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(60))
-            .connect_with(options)
+            .test_before_acquire(false)
+            .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(Self { pool })
-    }
-
-    async fn begin_write(&self) -> Result<Tx> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+        let writer = Arc::new(Mutex::new(options.connect().await?));
+        Ok(Self { pool, writer })
     }
 }
 
-/// Next value of the global order shared by claims and completions.
-async fn next_seq(tx: &mut Tx) -> Result<i64> {
-    let seq: i64 = sqlx::query_scalar(
-        "UPDATE counters SET value = value + 1 WHERE name = 'seq' RETURNING value",
-    )
-    .fetch_one(&mut **tx)
-    .await?;
-    Ok(seq)
+/// A write transaction on the writer connection, taken whole at once.
+async fn begin_write(writer: &mut SqliteConnection) -> Result<Tx<'_>> {
+    Ok(writer.begin_with("BEGIN IMMEDIATE").await?)
 }
 
 super::impl_store!(SqliteStore {});

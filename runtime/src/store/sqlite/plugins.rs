@@ -7,7 +7,8 @@ use super::*;
 const SUMMARY_COLUMNS: &str = "digest, name, version, manifest, size, registered_at, yanked";
 
 pub(super) async fn put(store: &SqliteStore, p: PluginPut) -> Result<PluginPutOutcome> {
-    let mut tx = store.begin_write().await?;
+    let mut writer = store.writer.lock().await;
+    let mut tx = begin_write(&mut writer).await?;
     let existing: Option<String> =
         sqlx::query_scalar("SELECT digest FROM plugins WHERE name = ? AND version = ?")
             .bind(&p.name)
@@ -73,7 +74,8 @@ pub(super) async fn list(store: &SqliteStore) -> Result<Vec<PluginSummary>> {
 }
 
 pub(super) async fn yank(store: &SqliteStore, name: &str, version: &str) -> Result<bool> {
-    let mut tx = store.begin_write().await?;
+    let mut writer = store.writer.lock().await;
+    let mut tx = begin_write(&mut writer).await?;
     let n = sqlx::query("UPDATE plugins SET yanked = 1 WHERE name = ? AND version = ?")
         .bind(name)
         .bind(version)

@@ -3,7 +3,8 @@
 use super::*;
 
 pub(super) async fn submit(store: &SqliteStore, r: RunSubmit) -> Result<RunSubmitOutcome> {
-    let mut tx = store.begin_write().await?;
+    let mut writer = store.writer.lock().await;
+    let mut tx = begin_write(&mut writer).await?;
     if let Some(key) = &r.idempotency_key {
         let existing: Option<String> =
             sqlx::query_scalar("SELECT id FROM runs WHERE idempotency_key = ?")
@@ -108,7 +109,8 @@ pub(super) async fn events(store: &SqliteStore, run_id: &str) -> Result<Vec<RunE
 }
 
 pub(super) async fn repin(store: &SqliteStore, r: JobRepin) -> Result<RepinOutcome> {
-    let mut tx = store.begin_write().await?;
+    let mut writer = store.writer.lock().await;
+    let mut tx = begin_write(&mut writer).await?;
     let run_state: Option<String> = sqlx::query_scalar("SELECT state FROM runs WHERE id = ?")
         .bind(&r.run_id)
         .fetch_optional(&mut *tx)

@@ -50,6 +50,9 @@ pub(crate) struct AttemptSucceeded<'a> {
     pub now: i64,
 }
 
+/// `(run, stage, output, digest)` of a stored artifact.
+pub(crate) type StoredKey = (String, String, String, String);
+
 /// An edge a completion satisfied: `from_stage` succeeded in `run_id`.
 pub(crate) struct EdgeSatisfied {
     pub run_id: String,
@@ -82,11 +85,11 @@ pub(crate) trait CompletionTx {
     /// job id order where the backend locks rows (`attempts` is sorted by
     /// job id); an attempt left out is fenced out.
     async fn fence(&mut self, attempts: &[AttemptKey<'_>]) -> Result<Vec<Fenced>>;
-    /// Inserts each unless present; the stored winner of each, in order.
-    async fn artifacts_put_canonical(
-        &mut self,
-        puts: &[CanonicalPut<'_>],
-    ) -> Result<Vec<CanonicalArtifact>>;
+    /// Inserts each unless its key is taken; the `(run, stage, output,
+    /// digest)` of those it inserted.
+    async fn artifacts_insert(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>>;
+    /// The stored `(run, stage, output, digest)` of each key in `puts`.
+    async fn artifacts_read(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>>;
     /// Writes what the live attempts' success means, in one step: the
     /// outbox rows (unless their dedup key is already there), each job
     /// succeeded with a new value of the order shared by claims and
@@ -282,12 +285,32 @@ pub(crate) fn released_unclaimed(batch: &JobBatch, outcome: &JobBatchOutcome) ->
             .is_none_or(|c| outcome.claimed.len() >= c.limit.max(1))
 }
 
-/// The stored winner of each put, in the order of `puts`, from what a
-/// backend inserted or read back, keyed by `(run, stage, output)`.
-pub(crate) fn canonical_in_order(
+/// Canonical-first insert of every put in one step; the keys it did not
+/// insert (a concurrent inserter's, committed by the time the insert
+/// returns) are read back in one more. The stored winner of each put, in
+/// the order of `puts`.
+async fn put_canonical_all(
+    tx: &mut impl CompletionTx,
     puts: &[CanonicalPut<'_>],
-    stored: &HashMap<(String, String, String), CanonicalArtifact>,
 ) -> Result<Vec<CanonicalArtifact>> {
+    let mut stored: HashMap<(String, String, String), CanonicalArtifact> = HashMap::new();
+    for (run, stage, output, digest) in tx.artifacts_insert(puts).await? {
+        let won = CanonicalArtifact {
+            digest,
+            inserted: true,
+        };
+        stored.insert((run, stage, output), won);
+    }
+    if stored.len() < puts.len() {
+        for (run, stage, output, digest) in tx.artifacts_read(puts).await? {
+            stored
+                .entry((run, stage, output))
+                .or_insert(CanonicalArtifact {
+                    digest,
+                    inserted: false,
+                });
+        }
+    }
     puts.iter()
         .map(|a| {
             let key = (
@@ -295,13 +318,10 @@ pub(crate) fn canonical_in_order(
                 a.stage.to_string(),
                 a.output.to_string(),
             );
-            stored
-                .get(&key)
-                .cloned()
-                .ok_or_else(|| StoreError::Corrupt {
-                    table: "artifacts",
-                    detail: format!("`{}.{}` neither inserted nor stored", a.stage, a.output),
-                })
+            stored.remove(&key).ok_or_else(|| StoreError::Corrupt {
+                table: "artifacts",
+                detail: format!("`{}.{}` neither inserted nor stored", a.stage, a.output),
+            })
         })
         .collect()
 }
@@ -353,7 +373,7 @@ async fn persist_outputs(
     let mut stored = if puts.is_empty() {
         Vec::new()
     } else {
-        tx.artifacts_put_canonical(&puts).await?
+        put_canonical_all(tx, &puts).await?
     }
     .into_iter();
     let mut outputs_of = Vec::with_capacity(live.len());

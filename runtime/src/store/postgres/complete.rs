@@ -1,10 +1,8 @@
 //! The statements of a completion (`store::complete`), in PostgreSQL's dialect.
 
-use std::collections::HashMap;
-
 use super::*;
 use crate::store::complete::{
-    self, AttemptKey, CompletionTx, DependentRelease, EdgeSatisfied, Fenced, Success,
+    self, AttemptKey, CompletionTx, DependentRelease, EdgeSatisfied, Fenced, StoredKey, Success,
 };
 
 pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome> {
@@ -51,19 +49,8 @@ impl CompletionTx for Completion<'_> {
         rows.iter().map(rows::fenced).collect()
     }
 
-    /// One insert for all; the keys it did not insert (a concurrent
-    /// inserter's, committed by the time the insert returns, under READ
-    /// COMMITTED) are read back in one more statement.
-    async fn artifacts_put_canonical(
-        &mut self,
-        puts: &[CanonicalPut<'_>],
-    ) -> Result<Vec<CanonicalArtifact>> {
-        let (runs, stages, outputs) = (
-            column(puts, |a| a.run_id),
-            column(puts, |a| a.stage),
-            column(puts, |a| a.output),
-        );
-        let inserted: Vec<(String, String, String, String)> = sqlx::query_as(
+    async fn artifacts_insert(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
+        Ok(sqlx::query_as(
             "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
                                     attempt, plugin_digest, created_at)
              SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BYTEA[],
@@ -72,9 +59,9 @@ impl CompletionTx for Completion<'_> {
              ON CONFLICT (run_id, stage, output) DO NOTHING
              RETURNING run_id, stage, output, digest",
         )
-        .bind(&runs)
-        .bind(&stages)
-        .bind(&outputs)
+        .bind(column(puts, |a| a.run_id))
+        .bind(column(puts, |a| a.stage))
+        .bind(column(puts, |a| a.output))
         .bind(column(puts, |a| a.media_type))
         .bind(column(puts, |a| a.bytes))
         .bind(column(puts, |a| a.digest))
@@ -83,39 +70,21 @@ impl CompletionTx for Completion<'_> {
         .bind(column(puts, |a| a.plugin_digest))
         .bind(column(puts, |a| a.now))
         .fetch_all(&mut **self.0)
-        .await?;
-        let mut stored: HashMap<(String, String, String), CanonicalArtifact> = inserted
-            .into_iter()
-            .map(|(run, stage, output, digest)| {
-                let won = CanonicalArtifact {
-                    digest,
-                    inserted: true,
-                };
-                ((run, stage, output), won)
-            })
-            .collect();
-        if stored.len() < puts.len() {
-            let winners: Vec<(String, String, String, String)> = sqlx::query_as(
-                "SELECT a.run_id, a.stage, a.output, a.digest
-                 FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[]) AS k(run_id, stage, output)
-                 JOIN artifacts a
-                   ON a.run_id = k.run_id AND a.stage = k.stage AND a.output = k.output",
-            )
-            .bind(&runs)
-            .bind(&stages)
-            .bind(&outputs)
-            .fetch_all(&mut **self.0)
-            .await?;
-            for (run, stage, output, digest) in winners {
-                stored
-                    .entry((run, stage, output))
-                    .or_insert(CanonicalArtifact {
-                        digest,
-                        inserted: false,
-                    });
-            }
-        }
-        complete::canonical_in_order(puts, &stored)
+        .await?)
+    }
+
+    async fn artifacts_read(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
+        Ok(sqlx::query_as(
+            "SELECT a.run_id, a.stage, a.output, a.digest
+             FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[]) AS k(run_id, stage, output)
+             JOIN artifacts a
+               ON a.run_id = k.run_id AND a.stage = k.stage AND a.output = k.output",
+        )
+        .bind(column(puts, |a| a.run_id))
+        .bind(column(puts, |a| a.stage))
+        .bind(column(puts, |a| a.output))
+        .fetch_all(&mut **self.0)
+        .await?)
     }
 
     /// One statement: the outbox rows, the jobs and the attempts are

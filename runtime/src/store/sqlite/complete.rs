@@ -1,12 +1,10 @@
 //! The statements of a completion (`store::complete`), in SQLite's dialect.
 
-use std::collections::HashMap;
-
 use sqlx::QueryBuilder;
 
 use super::*;
 use crate::store::complete::{
-    self, AttemptKey, CompletionTx, DependentRelease, EdgeSatisfied, Fenced, Success,
+    self, AttemptKey, CompletionTx, DependentRelease, EdgeSatisfied, Fenced, StoredKey, Success,
 };
 
 /// Artifacts per multi-row insert: ten parameters each, far below SQLite's
@@ -53,13 +51,10 @@ impl CompletionTx for Completion<'_, '_> {
         rows.iter().map(rows::fenced).collect()
     }
 
-    /// One multi-row insert (the bytes bound as blobs, which a JSON array
-    /// cannot carry); the keys it did not insert are read back at once.
-    async fn artifacts_put_canonical(
-        &mut self,
-        puts: &[CanonicalPut<'_>],
-    ) -> Result<Vec<CanonicalArtifact>> {
-        let mut stored = HashMap::with_capacity(puts.len());
+    /// Multi-row inserts: the bytes are bound as blobs, which a JSON array
+    /// cannot carry.
+    async fn artifacts_insert(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
+        let mut inserted = Vec::with_capacity(puts.len());
         for chunk in puts.chunks(ARTIFACT_ROWS_PER_INSERT) {
             let mut insert = QueryBuilder::<Sqlite>::new(
                 "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
@@ -81,40 +76,30 @@ impl CompletionTx for Completion<'_, '_> {
                 " ON CONFLICT (run_id, stage, output) DO NOTHING
                  RETURNING run_id, stage, output, digest",
             );
-            let inserted: Vec<(String, String, String, String)> =
-                insert.build_query_as().fetch_all(&mut **self.0).await?;
-            for (run, stage, output, digest) in inserted {
-                let won = CanonicalArtifact {
-                    digest,
-                    inserted: true,
-                };
-                stored.insert((run, stage, output), won);
-            }
-        }
-        if stored.len() < puts.len() {
-            let keys = json_rows(
-                puts.iter()
-                    .map(|a| serde_json::json!([a.run_id, a.stage, a.output])),
+            inserted.extend(
+                insert
+                    .build_query_as::<StoredKey>()
+                    .fetch_all(&mut **self.0)
+                    .await?,
             );
-            let winners: Vec<(String, String, String, String)> = sqlx::query_as(
-                "SELECT a.run_id, a.stage, a.output, a.digest
-                 FROM json_each(?) AS k JOIN artifacts a
-                   ON a.run_id = k.value ->> 0 AND a.stage = k.value ->> 1
-                  AND a.output = k.value ->> 2",
-            )
-            .bind(keys)
-            .fetch_all(&mut **self.0)
-            .await?;
-            for (run, stage, output, digest) in winners {
-                stored
-                    .entry((run, stage, output))
-                    .or_insert(CanonicalArtifact {
-                        digest,
-                        inserted: false,
-                    });
-            }
         }
-        complete::canonical_in_order(puts, &stored)
+        Ok(inserted)
+    }
+
+    async fn artifacts_read(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
+        let keys = json_rows(
+            puts.iter()
+                .map(|a| serde_json::json!([a.run_id, a.stage, a.output])),
+        );
+        Ok(sqlx::query_as(
+            "SELECT a.run_id, a.stage, a.output, a.digest
+             FROM json_each(?) AS k JOIN artifacts a
+               ON a.run_id = k.value ->> 0 AND a.stage = k.value ->> 1
+              AND a.output = k.value ->> 2",
+        )
+        .bind(keys)
+        .fetch_all(&mut **self.0)
+        .await?)
     }
 
     /// One call of five statements sharing one parameter, a JSON document

@@ -8,7 +8,10 @@
 //! - one dependent decrement per batch instead of one per satisfied edge:
 //!   the join stayed blocked and the fan-in test failed;
 //! - ready jobs claimed before expired leases (`sqlite/jobs.rs`): the
-//!   claim-order test failed.
+//!   claim-order test failed;
+//! - live attempts matched to their fenced job row by job id alone
+//!   (`store/complete.rs`): the earlier attempt of a job took the row and
+//!   stored its proposal, and the same-job test failed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,6 +27,7 @@ use ratchet_tests::{Backend, Harness};
 ratchet_tests::backend_tests! {
     a_batched_claim_takes_expired_leases_first_then_the_oldest_ready_jobs => claim_order;
     a_group_commit_fences_each_attempt_on_its_own => fenced_each;
+    an_earlier_attempt_of_a_job_in_the_same_batch_as_its_current_one_is_fenced_out => same_job_twice;
     predecessors_committed_in_one_batch_release_their_join_exactly_once => join_released_once;
 }
 
@@ -190,6 +194,62 @@ async fn fenced_each(backend: Backend) {
     let outbox = h.store.outbox_list(Some(&run)).await.expect("outbox");
     let events: Vec<_> = outbox.iter().map(|o| o.event.as_str()).collect();
     assert_eq!(events, ["b.done", "a.done"], "one outbox row per success");
+}
+
+/// One worker process whose lease expired while its attempt ran, and which
+/// then claimed the same job again: both attempts finish and land in the
+/// same group commit. Only the current attempt holds the lease.
+async fn same_job_twice(backend: Backend) {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let Some(h) = Harness::on(backend, clock.clone()).await else {
+        return;
+    };
+    let run = fan_in(&h, clock.now_ms()).await;
+    let first = claim(h.store.as_ref(), "w", clock.now_ms(), 1)
+        .await
+        .remove(0);
+    clock.advance(1_000);
+    let again = h
+        .store
+        .job_claim(JobClaim {
+            worker: "w".into(),
+            now: clock.now_ms(),
+            lease_ms: 1_000,
+            limit: 1,
+            only_job: Some(first.job_id),
+        })
+        .await
+        .expect("claim")
+        .remove(0);
+    assert_eq!((again.job_id, again.attempt), (first.job_id, 2));
+
+    let batch = [
+        completion(&first, "w", clock.now_ms()),
+        completion(&again, "w", clock.now_ms()),
+    ];
+    let outcomes = h.store.job_complete_many(&batch).await.expect("batch");
+    assert_eq!(
+        outcomes[0],
+        CompleteOutcome::LeaseLost,
+        "the earlier attempt"
+    );
+    assert!(
+        matches!(&outcomes[1], CompleteOutcome::Completed { outputs, .. } if outputs[0].won),
+        "the current attempt: {:?}",
+        outcomes[1]
+    );
+    let stored = h.store.artifact_get(&run, "a", "out").await.expect("get");
+    assert_eq!(
+        stored.expect("a's output").meta.digest,
+        batch[1].outputs[0].digest,
+        "the canonical value is the current attempt's"
+    );
+    let attempts = h.store.attempt_list(&run).await.expect("attempts");
+    let outcomes: Vec<_> = attempts
+        .iter()
+        .map(|a| (a.stage.as_str(), a.attempt, a.outcome.as_str()))
+        .collect();
+    assert_eq!(outcomes, [("a", 1, "lease_expired"), ("a", 2, "succeeded")]);
 }
 
 async fn join_released_once(backend: Backend) {

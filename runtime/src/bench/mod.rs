@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-pub use scenarios::Scratch;
+pub use scenarios::{Scratch, fanout_pipeline};
 
 /// Sizes of every scenario.
 #[derive(Debug, Clone)]

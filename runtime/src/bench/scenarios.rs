@@ -252,13 +252,9 @@ pub(super) async fn chain(
     Ok((per_s(config.runs * config.chain, elapsed), per_commit))
 }
 
-/// (3) One run: `stages` parallel stages, then one join after all of them.
-pub(super) async fn fanout(
-    scratch: &Scratch,
-    config: &BenchConfig,
-    stages: usize,
-) -> anyhow::Result<FanoutPoint> {
-    let rig = rig(scratch, &format!("fanout_{stages}"), config.workers).await?;
+/// The fan-out/fan-in pipeline of (3): `stages` parallel `pass` stages of
+/// the run's input, then one `noop` join after all of them.
+pub fn fanout_pipeline(stages: usize) -> String {
     let mut text = String::from("name = \"fanout\"\n");
     for i in 0..stages {
         text.push_str(&format!(
@@ -270,6 +266,17 @@ pub(super) async fn fanout(
         "[[stage]]\nname = \"join\"\nplugin = \"noop@^1\"\nafter = [{}]\n",
         all.join(", ")
     ));
+    text
+}
+
+/// (3) One run: `stages` parallel stages, then one join after all of them.
+pub(super) async fn fanout(
+    scratch: &Scratch,
+    config: &BenchConfig,
+    stages: usize,
+) -> anyhow::Result<FanoutPoint> {
+    let rig = rig(scratch, &format!("fanout_{stages}"), config.workers).await?;
+    let text = fanout_pipeline(stages);
     let pipeline = Pipeline::parse("bench fan-out", &text)?;
     rig.submit(&pipeline, b"fan".to_vec()).await?;
     drop((text, pipeline));

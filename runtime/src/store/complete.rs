@@ -20,9 +20,21 @@ pub(crate) struct AttemptKey<'a> {
     pub worker: &'a str,
 }
 
+/// An output an attempt proposes, before its job row is fenced.
+pub(crate) struct Proposal<'a> {
+    pub job_id: i64,
+    pub attempt: i64,
+    pub output: &'a str,
+    pub media_type: &'a str,
+    pub bytes: &'a [u8],
+    pub digest: &'a str,
+    pub now: i64,
+}
+
 /// The job row of an attempt that still holds its lease.
 pub(crate) struct Fenced {
     pub job_id: i64,
+    pub attempt: i64,
     pub run_id: String,
     pub stage: String,
     pub plugin_digest: String,
@@ -83,29 +95,78 @@ pub(crate) struct DependentRelease<'a> {
 pub(crate) trait CompletionTx {
     /// The job rows of the attempts that still hold their lease, locked in
     /// job id order where the backend locks rows (`attempts` is sorted by
-    /// job id); an attempt left out is fenced out.
-    async fn fence(&mut self, attempts: &[AttemptKey<'_>]) -> Result<Vec<Fenced>>;
-    /// Inserts each unless its key is taken; the `(run, stage, output,
-    /// digest)` of those it inserted.
-    async fn artifacts_insert(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>>;
+    /// job id); an attempt left out is fenced out. Then the proposals of
+    /// those that hold it ([`puts_of_fenced`]), each inserted unless its
+    /// key is taken: the `(run, stage, output, digest)` of those inserted.
+    async fn fence_and_insert(
+        &mut self,
+        attempts: &[AttemptKey<'_>],
+        proposals: &[Proposal<'_>],
+    ) -> Result<(Vec<Fenced>, Vec<StoredKey>)>;
     /// The stored `(run, stage, output, digest)` of each key in `puts`.
     async fn artifacts_read(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>>;
-    /// Writes what the live attempts' success means, in one step: the
-    /// outbox rows (unless their dedup key is already there), each job
-    /// succeeded with a new value of the order shared by claims and
-    /// completions as its `succeeded_seq`, each attempt's row, and the
-    /// unsatisfied edges out of each of `s.from` satisfied. Returns those
-    /// edges.
-    async fn record_success(&mut self, s: &Success<'_>) -> Result<Vec<EdgeSatisfied>>;
-    /// Takes the edges off each dependent's pending count (sorted by `(run,
-    /// stage)`, the order rows are locked in); whether each became ready.
-    async fn dependents_release(
+    /// Writes what the live attempts' success means: the outbox rows
+    /// (unless their dedup key is already there), each job succeeded with a
+    /// new value of the order shared by claims and completions as its
+    /// `succeeded_seq`, each attempt's row, and the unsatisfied edges out of
+    /// each of `s.from` satisfied. Then each dependent those edges point to
+    /// loses them from its pending count ([`dependents_of`], rows locked in
+    /// `(run, stage)` order). Returns the edges satisfied and the `(run,
+    /// stage)` of each dependent that became ready.
+    async fn record_success_and_release(
         &mut self,
-        dependents: &[DependentRelease<'_>],
-        now: i64,
-    ) -> Result<Vec<bool>>;
+        s: &Success<'_>,
+    ) -> Result<(Vec<EdgeSatisfied>, Vec<(String, String)>)>;
     /// Finishes each run (sorted by id) that has no job left to do.
     async fn runs_finish_if_done(&mut self, runs: &[&str], now: i64) -> Result<()>;
+}
+
+/// The proposals of the fenced jobs, each to be stored under its job's run
+/// and stage, in the order of `proposals`.
+pub(crate) fn puts_of_fenced<'a>(
+    fenced: impl IntoIterator<Item = &'a Fenced>,
+    proposals: &[Proposal<'a>],
+) -> Vec<CanonicalPut<'a>> {
+    let jobs: HashMap<(i64, i64), &Fenced> = fenced
+        .into_iter()
+        .map(|job| ((job.job_id, job.attempt), job))
+        .collect();
+    proposals
+        .iter()
+        .filter_map(|p| {
+            let job = jobs.get(&(p.job_id, p.attempt))?;
+            Some(CanonicalPut {
+                run_id: &job.run_id,
+                stage: &job.stage,
+                output: p.output,
+                media_type: p.media_type,
+                bytes: p.bytes,
+                digest: p.digest,
+                attempt: p.attempt,
+                plugin_digest: Some(&job.plugin_digest),
+                now: p.now,
+            })
+        })
+        .collect()
+}
+
+/// Each dependent the satisfied edges point to, with how many of them, in
+/// `(run, stage)` order: the order its row is locked in.
+pub(crate) fn dependents_of(satisfied: &[EdgeSatisfied]) -> Vec<DependentRelease<'_>> {
+    let mut edges: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    for edge in satisfied {
+        *edges
+            .entry((edge.run_id.as_str(), edge.to_stage.as_str()))
+            .or_default() += 1;
+    }
+    edges
+        .into_iter()
+        .map(|((run_id, stage), edges)| DependentRelease {
+            run_id,
+            stage,
+            edges,
+        })
+        .collect()
 }
 
 /// Commits the outputs of every attempt in `batch` that still holds its
@@ -129,22 +190,42 @@ pub(crate) async fn complete_many(
             worker: &batch[i].worker,
         })
         .collect();
-    let mut fenced: BTreeMap<i64, Fenced> = tx
-        .fence(&keys)
-        .await?
-        .into_iter()
-        .map(|job| (job.job_id, job))
+    let proposals: Vec<Proposal> = order
+        .iter()
+        .flat_map(|&i| {
+            let c = &batch[i];
+            c.outputs.iter().map(move |proposed| Proposal {
+                job_id: c.job_id,
+                attempt: c.attempt,
+                output: &proposed.name,
+                media_type: &proposed.media_type,
+                bytes: &proposed.bytes,
+                digest: &proposed.digest,
+                now: c.now,
+            })
+        })
         .collect();
-    // Live attempts in job id order, each with its job row.
+    let (fenced, inserted) = tx.fence_and_insert(&keys, &proposals).await?;
+    let mut fenced: BTreeMap<i64, Fenced> =
+        fenced.into_iter().map(|job| (job.job_id, job)).collect();
+    // Live attempts in job id order, each with its job row: the row's
+    // attempt, not an earlier one of the same job in the same batch.
     let live: Vec<(usize, Fenced)> = order
         .iter()
-        .filter_map(|&i| fenced.remove(&batch[i].job_id).map(|job| (i, job)))
+        .filter_map(|&i| {
+            let c = &batch[i];
+            let current = fenced.get(&c.job_id)?.attempt == c.attempt;
+            current
+                .then(|| fenced.remove(&c.job_id))
+                .flatten()
+                .map(|job| (i, job))
+        })
         .collect();
     if live.is_empty() {
         return Ok(vec![CompleteOutcome::LeaseLost; batch.len()]);
     }
 
-    let outputs_of = persist_outputs(tx, batch, &live).await?;
+    let outputs_of = persist_outputs(tx, batch, &live, &proposals, inserted).await?;
     let mut outbox = Vec::new();
     for ((i, job), outputs) in live.iter().zip(&outputs_of) {
         crate::crash::point("after_persist");
@@ -198,17 +279,17 @@ pub(crate) async fn complete_many(
             .collect(),
         now,
     };
-    let satisfied = tx.record_success(&success).await?;
+    let (satisfied, ready) = tx.record_success_and_release(&success).await?;
     crate::crash::point("after_outbox_insert");
 
-    // Edges satisfied per dependent, and the last live completion (in job
-    // id order) that satisfied one: the one a release is reported to.
+    // The last live completion (in job id order) that satisfied an edge
+    // into each dependent: the one its release is reported to.
     let position: BTreeMap<(&str, &str), usize> = live
         .iter()
         .enumerate()
         .map(|(p, (_, job))| ((job.run_id.as_str(), job.stage.as_str()), p))
         .collect();
-    let mut releases: BTreeMap<(&str, &str), (i64, usize)> = BTreeMap::new();
+    let mut releases: BTreeMap<(&str, &str), usize> = BTreeMap::new();
     for edge in &satisfied {
         let Some(&p) = position.get(&(edge.run_id.as_str(), edge.from_stage.as_str())) else {
             return Err(StoreError::Corrupt {
@@ -219,10 +300,10 @@ pub(crate) async fn complete_many(
                 ),
             });
         };
-        let entry = releases
+        let by = releases
             .entry((edge.run_id.as_str(), edge.to_stage.as_str()))
-            .or_insert((0, p));
-        *entry = (entry.0 + 1, entry.1.max(p));
+            .or_insert(p);
+        *by = (*by).max(p);
     }
     // Only a completion that leaves no dependent waiting can be a run's
     // last, and a run with a dependent this batch just satisfied edges into
@@ -234,22 +315,14 @@ pub(crate) async fn complete_many(
         .filter(|run| !waiting.contains(run))
         .collect();
 
+    let ready: BTreeSet<(String, String)> = ready.into_iter().collect();
     let mut released_by: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    if !releases.is_empty() {
-        let dependents: Vec<DependentRelease> = releases
-            .iter()
-            .map(|(&(run_id, stage), &(edges, _))| DependentRelease {
-                run_id,
-                stage,
-                edges,
-            })
-            .collect();
-        let ready = tx.dependents_release(&dependents, now).await?;
-        for ((&(_, stage), &(_, p)), ready) in releases.iter().zip(ready) {
-            if ready {
-                let by = live[p].0;
-                released_by.entry(by).or_default().push(stage.to_string());
-            }
+    for (&(run, stage), &p) in &releases {
+        if ready.contains(&(run.to_string(), stage.to_string())) {
+            released_by
+                .entry(live[p].0)
+                .or_default()
+                .push(stage.to_string());
         }
     }
     if !runs.is_empty() {
@@ -285,16 +358,17 @@ pub(crate) fn released_unclaimed(batch: &JobBatch, outcome: &JobBatchOutcome) ->
             .is_none_or(|c| outcome.claimed.len() >= c.limit.max(1))
 }
 
-/// Canonical-first insert of every put in one step; the keys it did not
-/// insert (a concurrent inserter's, committed by the time the insert
-/// returns) are read back in one more. The stored winner of each put, in
-/// the order of `puts`.
+/// The stored winner of each put, in the order of `puts`: those
+/// `inserted` (canonical-first, with the fence) won; the keys that were not
+/// (a concurrent inserter's, committed by the time the insert returned)
+/// are read back in one more step.
 async fn put_canonical_all(
     tx: &mut impl CompletionTx,
     puts: &[CanonicalPut<'_>],
+    inserted: Vec<StoredKey>,
 ) -> Result<Vec<CanonicalArtifact>> {
     let mut stored: HashMap<(String, String, String), CanonicalArtifact> = HashMap::new();
-    for (run, stage, output, digest) in tx.artifacts_insert(puts).await? {
+    for (run, stage, output, digest) in inserted {
         let won = CanonicalArtifact {
             digest,
             inserted: true,
@@ -326,18 +400,6 @@ async fn put_canonical_all(
         .collect()
 }
 
-/// Whether each dependent became ready, in the order of `dependents`, from
-/// the `(run, stage)` a backend saw turn ready.
-pub(crate) fn ready_in_order(
-    dependents: &[DependentRelease<'_>],
-    ready: &[(String, String)],
-) -> Vec<bool> {
-    dependents
-        .iter()
-        .map(|d| ready.iter().any(|(r, s)| r == d.run_id && s == d.stage))
-        .collect()
-}
-
 fn canonical_of(outputs: &[CanonicalOutput]) -> BTreeMap<&str, &str> {
     outputs
         .iter()
@@ -345,35 +407,20 @@ fn canonical_of(outputs: &[CanonicalOutput]) -> BTreeMap<&str, &str> {
         .collect()
 }
 
-/// Canonical-first insert of every live attempt's proposals in one
-/// statement, bound straight from the completions' bytes; the outputs of
-/// each attempt, in the order of `live`.
+/// The outputs of each live attempt, in the order of `live`: its
+/// proposals' stored winners, `inserted` with the fence or read back.
 async fn persist_outputs(
     tx: &mut impl CompletionTx,
     batch: &[JobComplete],
     live: &[(usize, Fenced)],
+    proposals: &[Proposal<'_>],
+    inserted: Vec<StoredKey>,
 ) -> Result<Vec<Vec<CanonicalOutput>>> {
-    let puts: Vec<CanonicalPut> = live
-        .iter()
-        .flat_map(|(i, job)| {
-            let c = &batch[*i];
-            c.outputs.iter().map(move |proposed| CanonicalPut {
-                run_id: &job.run_id,
-                stage: &job.stage,
-                output: &proposed.name,
-                media_type: &proposed.media_type,
-                bytes: &proposed.bytes,
-                digest: &proposed.digest,
-                attempt: c.attempt,
-                plugin_digest: Some(&job.plugin_digest),
-                now: c.now,
-            })
-        })
-        .collect();
+    let puts = puts_of_fenced(live.iter().map(|(_, job)| job), proposals);
     let mut stored = if puts.is_empty() {
         Vec::new()
     } else {
-        put_canonical_all(tx, &puts).await?
+        put_canonical_all(tx, &puts, inserted).await?
     }
     .into_iter();
     let mut outputs_of = Vec::with_capacity(live.len());

@@ -97,6 +97,7 @@ pub(crate) fn job_row(row: &impl RowExt) -> Result<JobRow> {
 pub(crate) fn fenced(row: &impl RowExt) -> Result<crate::store::complete::Fenced> {
     Ok(crate::store::complete::Fenced {
         job_id: row.int("id")?,
+        attempt: row.int("attempt")?,
         run_id: row.text("run_id")?,
         stage: row.text("stage")?,
         plugin_digest: row.text("plugin_digest")?,

@@ -2,8 +2,9 @@
 
 use super::*;
 use crate::store::complete::{
-    self, AttemptKey, CompletionTx, DependentRelease, EdgeSatisfied, Fenced, StoredKey, Success,
+    self, AttemptKey, CompletionTx, EdgeSatisfied, Fenced, Proposal, StoredKey, Success,
 };
+use crate::store::rows::RowExt;
 
 pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome> {
     let mut tx = store.begin_write().await?;
@@ -30,47 +31,71 @@ fn column<'r, T, U>(rows: &'r [T], f: impl Fn(&'r T) -> U) -> Vec<U> {
     rows.iter().map(f).collect()
 }
 
+/// Each step is one statement: a batch waits for as few round trips to the
+/// server as it can.
 impl CompletionTx for Completion<'_> {
-    async fn fence(&mut self, attempts: &[AttemptKey<'_>]) -> Result<Vec<Fenced>> {
+    /// The fence locks the job rows in id order (`MATERIALIZED` keeps that
+    /// step whole, and the insert reads it); the insert stores each
+    /// proposal of a fenced attempt under its job's run and stage. Rows of
+    /// both come back in one result: a fenced job has an `id`, an inserted
+    /// artifact an `output`.
+    async fn fence_and_insert(
+        &mut self,
+        attempts: &[AttemptKey<'_>],
+        proposals: &[Proposal<'_>],
+    ) -> Result<(Vec<Fenced>, Vec<StoredKey>)> {
         let rows = sqlx::query(
-            "SELECT j.id, j.run_id, j.stage, j.plugin_digest, j.emits
-             FROM jobs j
-             JOIN UNNEST($1::BIGINT[], $2::BIGINT[], $3::TEXT[]) AS k(id, attempt, worker)
-               ON j.id = k.id AND j.attempt = k.attempt AND j.lease_owner = k.worker
-             WHERE j.state = 'running'
-             ORDER BY j.id
-             FOR UPDATE OF j",
+            "WITH fenced AS MATERIALIZED (
+                 SELECT j.id, j.attempt, j.run_id, j.stage, j.plugin_digest, j.emits
+                 FROM jobs j
+                 JOIN UNNEST($1::BIGINT[], $2::BIGINT[], $3::TEXT[]) AS k(id, attempt, worker)
+                   ON j.id = k.id AND j.attempt = k.attempt AND j.lease_owner = k.worker
+                 WHERE j.state = 'running'
+                 ORDER BY j.id
+                 FOR UPDATE OF j
+             ), inserted AS (
+                 INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
+                                        attempt, plugin_digest, created_at)
+                 SELECT f.run_id, f.stage, p.output, p.media_type, p.bytes, p.digest,
+                        OCTET_LENGTH(p.bytes), p.attempt, f.plugin_digest, p.now
+                 FROM UNNEST($4::BIGINT[], $5::BIGINT[], $6::TEXT[], $7::TEXT[], $8::BYTEA[],
+                             $9::TEXT[], $10::BIGINT[])
+                      AS p(job_id, attempt, output, media_type, bytes, digest, now)
+                 JOIN fenced f ON f.id = p.job_id AND f.attempt = p.attempt
+                 ON CONFLICT (run_id, stage, output) DO NOTHING
+                 RETURNING run_id, stage, output, digest
+             )
+             SELECT id, attempt, run_id, stage, plugin_digest, emits,
+                    NULL AS output, NULL AS digest
+             FROM fenced
+             UNION ALL
+             SELECT NULL, NULL, run_id, stage, NULL, NULL, output, digest FROM inserted",
         )
         .bind(column(attempts, |a| a.job_id))
         .bind(column(attempts, |a| a.attempt))
         .bind(column(attempts, |a| a.worker))
+        .bind(column(proposals, |p| p.job_id))
+        .bind(column(proposals, |p| p.attempt))
+        .bind(column(proposals, |p| p.output))
+        .bind(column(proposals, |p| p.media_type))
+        .bind(column(proposals, |p| p.bytes))
+        .bind(column(proposals, |p| p.digest))
+        .bind(column(proposals, |p| p.now))
         .fetch_all(&mut **self.0)
         .await?;
-        rows.iter().map(rows::fenced).collect()
-    }
-
-    async fn artifacts_insert(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
-        Ok(sqlx::query_as(
-            "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
-                                    attempt, plugin_digest, created_at)
-             SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[], $5::BYTEA[],
-                                  $6::TEXT[], $7::BIGINT[], $8::BIGINT[], $9::TEXT[],
-                                  $10::BIGINT[])
-             ON CONFLICT (run_id, stage, output) DO NOTHING
-             RETURNING run_id, stage, output, digest",
-        )
-        .bind(column(puts, |a| a.run_id))
-        .bind(column(puts, |a| a.stage))
-        .bind(column(puts, |a| a.output))
-        .bind(column(puts, |a| a.media_type))
-        .bind(column(puts, |a| a.bytes))
-        .bind(column(puts, |a| a.digest))
-        .bind(column(puts, |a| a.bytes.len() as i64))
-        .bind(column(puts, |a| a.attempt))
-        .bind(column(puts, |a| a.plugin_digest))
-        .bind(column(puts, |a| a.now))
-        .fetch_all(&mut **self.0)
-        .await?)
+        let (mut fenced, mut inserted) = (Vec::new(), Vec::new());
+        for row in &rows {
+            match row.opt_text("output")? {
+                None => fenced.push(rows::fenced(row)?),
+                Some(output) => inserted.push((
+                    row.text("run_id")?,
+                    row.text("stage")?,
+                    output,
+                    row.text("digest")?,
+                )),
+            }
+        }
+        Ok((fenced, inserted))
     }
 
     async fn artifacts_read(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
@@ -87,11 +112,20 @@ impl CompletionTx for Completion<'_> {
         .await?)
     }
 
-    /// One statement: the outbox rows, the jobs and the attempts are
-    /// written by data-modifying `WITH` clauses, and the edges by the main
-    /// statement, which returns them. The jobs take values of the shared
-    /// order in the order given, as on SQLite.
-    async fn record_success(&mut self, s: &Success<'_>) -> Result<Vec<EdgeSatisfied>> {
+    /// One statement: data-modifying `WITH` clauses write the outbox rows,
+    /// the jobs (taking values of the shared order in the order given, as
+    /// on SQLite), the attempts and the edges; the dependents the satisfied
+    /// edges point to are locked in `(run, stage)` order (`MATERIALIZED`
+    /// keeps that lock step whole), and the decrement then reads each
+    /// locked row's latest version, so two predecessors finishing at once
+    /// cannot both miss each other (a recount could, under READ COMMITTED).
+    /// A dependent is never one of the jobs succeeding: it is blocked until
+    /// they have. Rows of both come back in one result: a dependent has a
+    /// `state`.
+    async fn record_success_and_release(
+        &mut self,
+        s: &Success<'_>,
+    ) -> Result<(Vec<EdgeSatisfied>, Vec<(String, String)>)> {
         let (outbox, attempts) = (&s.outbox, &s.attempts);
         let rows = sqlx::query(
             "WITH outbox_rows AS (
@@ -113,11 +147,31 @@ impl CompletionTx for Completion<'_> {
                              $14::TEXT[], $15::BIGINT[])
                       AS x(job_id, attempt, now, inputs, proposals, canonical, won)
                  WHERE a.job_id = x.job_id AND a.attempt = x.attempt
+             ), satisfied AS (
+                 UPDATE edges e SET satisfied = 1
+                 FROM UNNEST($16::TEXT[], $17::TEXT[]) AS f(run_id, stage)
+                 WHERE e.run_id = f.run_id AND e.from_stage = f.stage AND e.satisfied = 0
+                 RETURNING e.run_id, e.from_stage, e.to_stage
+             ), locked AS MATERIALIZED (
+                 SELECT j.id, d.edges FROM jobs j
+                 JOIN (SELECT run_id, to_stage, COUNT(*) AS edges FROM satisfied
+                       GROUP BY run_id, to_stage) AS d
+                   ON j.run_id = d.run_id AND j.stage = d.to_stage
+                 ORDER BY j.run_id, j.stage
+                 FOR NO KEY UPDATE OF j
+             ), released AS (
+                 UPDATE jobs j SET pending = j.pending - l.edges,
+                        state = CASE WHEN j.state = 'blocked' AND j.pending - l.edges <= 0
+                                     THEN 'ready' ELSE j.state END,
+                        next_run_at = CASE WHEN j.state = 'blocked' AND j.pending - l.edges <= 0
+                                           THEN $7 ELSE j.next_run_at END,
+                        updated_at = $7
+                 FROM locked l WHERE j.id = l.id
+                 RETURNING j.run_id, j.stage, j.state
              )
-             UPDATE edges e SET satisfied = 1
-             FROM UNNEST($16::TEXT[], $17::TEXT[]) AS f(run_id, stage)
-             WHERE e.run_id = f.run_id AND e.from_stage = f.stage AND e.satisfied = 0
-             RETURNING e.run_id, e.from_stage, e.to_stage",
+             SELECT run_id, from_stage, to_stage, NULL AS state FROM satisfied
+             UNION ALL
+             SELECT run_id, NULL, stage, state FROM released",
         )
         .bind(column(outbox, |o| o.dedup_key.as_str()))
         .bind(column(outbox, |o| o.run_id))
@@ -138,48 +192,15 @@ impl CompletionTx for Completion<'_> {
         .bind(column(&s.from, |f| f.1))
         .fetch_all(&mut **self.0)
         .await?;
-        rows.iter().map(rows::edge_satisfied).collect()
-    }
-
-    /// The rows are locked in `(run, stage)` order first (`MATERIALIZED`
-    /// keeps that lock step whole); the decrement then reads each locked
-    /// row's latest version, so two predecessors finishing at once cannot
-    /// both miss each other (a recount in one statement could, under READ
-    /// COMMITTED).
-    async fn dependents_release(
-        &mut self,
-        dependents: &[DependentRelease<'_>],
-        now: i64,
-    ) -> Result<Vec<bool>> {
-        let ready: Vec<(String, String)> = sqlx::query_as(
-            "WITH locked AS MATERIALIZED (
-                 SELECT j.id, d.edges FROM jobs j
-                 JOIN UNNEST($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS d(run_id, stage, edges)
-                   ON j.run_id = d.run_id AND j.stage = d.stage
-                 ORDER BY j.run_id, j.stage
-                 FOR NO KEY UPDATE OF j
-             )
-             UPDATE jobs j SET pending = j.pending - l.edges,
-                    state = CASE WHEN j.state = 'blocked' AND j.pending - l.edges <= 0
-                                 THEN 'ready' ELSE j.state END,
-                    next_run_at = CASE WHEN j.state = 'blocked' AND j.pending - l.edges <= 0
-                                       THEN $4 ELSE j.next_run_at END,
-                    updated_at = $4
-             FROM locked l WHERE j.id = l.id
-             RETURNING j.run_id, j.stage, j.state",
-        )
-        .bind(column(dependents, |d| d.run_id))
-        .bind(column(dependents, |d| d.stage))
-        .bind(column(dependents, |d| d.edges))
-        .bind(now)
-        .fetch_all(&mut **self.0)
-        .await?
-        .into_iter()
-        .filter_map(|(run, stage, state): (String, String, String)| {
-            (state == "ready").then_some((run, stage))
-        })
-        .collect();
-        Ok(complete::ready_in_order(dependents, &ready))
+        let (mut satisfied, mut ready) = (Vec::new(), Vec::new());
+        for row in &rows {
+            match row.opt_text("state")?.as_deref() {
+                None => satisfied.push(rows::edge_satisfied(row)?),
+                Some("ready") => ready.push((row.text("run_id")?, row.text("to_stage")?)),
+                Some(_) => {}
+            }
+        }
+        Ok((satisfied, ready))
     }
 
     /// Locks the run rows first: the last two completions of a run then see

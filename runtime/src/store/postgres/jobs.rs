@@ -20,16 +20,9 @@ pub(super) async fn list<'e>(
     rows.iter().map(rows::job_row).collect()
 }
 
-/// Claims up to `c.limit` jobs in one transaction: expired leases with
-/// attempts left first (a dead worker's jobs), then ready jobs, oldest due
-/// first; rows another claimer holds are skipped, not waited for. One
-/// statement: each part walks `jobs_claimable` in its order, and
-/// data-modifying `WITH` clauses close the taken-over attempts, take the
-/// jobs and open their attempts.
-pub(super) async fn claim_tx(tx: &mut Tx, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
-    let lease_expires_at = c.now + c.lease_ms;
-    let rows = sqlx::query(
-        "WITH expired AS (
+/// The claim statement: `$1` now, `$2` only this job (or NULL), `$3` the
+/// limit, `$4` the worker, `$5` the new leases' expiry.
+const CLAIM: &str = "WITH expired AS (
              SELECT id, attempt, lease_expires_at AS due FROM jobs
              WHERE state = 'running' AND lease_expires_at <= $1 AND attempt < max_attempts
                AND ($2::BIGINT IS NULL OR id = $2)
@@ -65,18 +58,53 @@ pub(super) async fn claim_tx(tx: &mut Tx, c: &JobClaim) -> Result<Vec<ClaimedJob
              FROM (SELECT * FROM claimed ORDER BY part, due, id) AS c
          )
          SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits
-         FROM claimed ORDER BY part, due, id",
-    )
-    .bind(c.now)
-    .bind(c.only_job)
-    .bind(c.limit.max(1) as i64)
-    .bind(&c.worker)
-    .bind(lease_expires_at)
-    .fetch_all(&mut **tx)
-    .await?;
+         FROM claimed ORDER BY part, due, id";
+
+/// Claims up to `c.limit` jobs in one transaction: expired leases with
+/// attempts left first (a dead worker's jobs), then ready jobs, oldest due
+/// first; rows another claimer holds are skipped, not waited for. One
+/// statement: each part walks an index in its order (`jobs_leases`,
+/// `jobs_claimable`), and data-modifying `WITH` clauses close the
+/// taken-over attempts, take the jobs and open their attempts.
+pub(super) async fn claim_tx(tx: &mut Tx, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
+    let lease_expires_at = c.now + c.lease_ms;
+    let rows = bind_claim(sqlx::query(CLAIM), c)
+        .fetch_all(&mut **tx)
+        .await?;
     rows.iter()
         .map(|row| rows::claimed_job(row, row.try_get("id")?, lease_expires_at))
         .collect()
+}
+
+fn bind_claim<'q>(query: PgQuery<'q>, c: &'q JobClaim) -> PgQuery<'q> {
+    query
+        .bind(c.now)
+        .bind(c.only_job)
+        .bind(c.limit.max(1) as i64)
+        .bind(&c.worker)
+        .bind(c.now + c.lease_ms)
+}
+
+type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
+
+impl PostgresStore {
+    /// What the claim statement does for `c` on the data there is now, as
+    /// `EXPLAIN (ANALYZE, BUFFERS, SETTINGS, FORMAT JSON)` prints it. The claim runs
+    /// and is rolled back: nothing is claimed. For diagnosing slow claims.
+    pub async fn explain_claim(&self, c: &JobClaim) -> Result<serde_json::Value> {
+        let sql = format!("EXPLAIN (ANALYZE, BUFFERS, SETTINGS, FORMAT JSON) {CLAIM}");
+        let mut tx = self.begin_write().await?;
+        let row = bind_claim(sqlx::query(sqlx::AssertSqlSafe(sql)), c)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.rollback().await?;
+        // The plan is `json`, sent as its text.
+        let text: String = row.try_get_unchecked(0)?;
+        serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
+            table: "EXPLAIN",
+            detail: format!("the claim's plan is not JSON: {e}"),
+        })
+    }
 }
 
 /// Locks and returns the job row if `(job, attempt, worker)` holds the lease.

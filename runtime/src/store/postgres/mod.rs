@@ -25,6 +25,24 @@ impl_row_ext!(sqlx::postgres::PgRow);
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
+/// Planner settings of every connection (ADR 0009). The queue tables go
+/// from empty to thousands of rows in seconds, long before autovacuum
+/// gathers statistics, and every state change leaves a dead index entry
+/// behind until the next vacuum:
+/// - a generic plan, cached after five executions while the tables were
+///   still small, is never revisited; each execution is planned for the
+///   rows there are now instead;
+/// - a bitmap scan reads every index entry in its range, dead ones too, and
+///   sorts them all to return the first few, where an index scan in the
+///   index's order stops at the `LIMIT` and marks the dead entries it passes
+///   so that no later scan reads them. Statistics that undercount the ready
+///   jobs made the planner prefer bitmap scans, and a claim's cost grew with
+///   the stages finished.
+const PLANNER_SETTINGS: [(&str, &str); 2] = [
+    ("plan_cache_mode", "force_custom_plan"),
+    ("enable_bitmapscan", "off"),
+];
+
 /// The channel a transaction notifies when it made a job ready.
 const READY_CHANNEL: &str = "ratchet_ready";
 
@@ -40,7 +58,8 @@ impl PostgresStore {
     /// reconnects by itself after a connection or server restart.
     pub async fn open(url: &str) -> Result<Self> {
         let options = PgConnectOptions::from_str(url)
-            .map_err(|_| StoreError::UnsupportedUrl(url.to_string()))?;
+            .map_err(|_| StoreError::UnsupportedUrl(url.to_string()))?
+            .options(PLANNER_SETTINGS);
         let pool = PgPoolOptions::new()
             .max_connections(10)
             .acquire_timeout(Duration::from_secs(30))

@@ -4,7 +4,8 @@ use sqlx::QueryBuilder;
 
 use super::*;
 use crate::store::complete::{
-    self, AttemptKey, CompletionTx, DependentRelease, EdgeSatisfied, Fenced, StoredKey, Success,
+    self, AttemptKey, CompletionTx, DependentRelease, EdgeSatisfied, Fenced, Proposal, StoredKey,
+    Success,
 };
 
 /// Artifacts per multi-row insert: ten parameters each, far below SQLite's
@@ -31,7 +32,62 @@ fn json_rows(rows: impl IntoIterator<Item = serde_json::Value>) -> String {
     serde_json::Value::Array(rows.into_iter().collect()).to_string()
 }
 
+/// Each step is a statement or two on the writer connection, in process:
+/// nothing to gain from merging them.
 impl CompletionTx for Completion<'_, '_> {
+    async fn fence_and_insert(
+        &mut self,
+        attempts: &[AttemptKey<'_>],
+        proposals: &[Proposal<'_>],
+    ) -> Result<(Vec<Fenced>, Vec<StoredKey>)> {
+        let fenced = self.fence(attempts).await?;
+        let puts = complete::puts_of_fenced(&fenced, proposals);
+        let inserted = self.artifacts_insert(&puts).await?;
+        Ok((fenced, inserted))
+    }
+
+    async fn artifacts_read(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
+        let keys = json_rows(
+            puts.iter()
+                .map(|a| serde_json::json!([a.run_id, a.stage, a.output])),
+        );
+        Ok(sqlx::query_as(
+            "SELECT a.run_id, a.stage, a.output, a.digest
+             FROM json_each(?) AS k JOIN artifacts a
+               ON a.run_id = k.value ->> 0 AND a.stage = k.value ->> 1
+              AND a.output = k.value ->> 2",
+        )
+        .bind(keys)
+        .fetch_all(&mut **self.0)
+        .await?)
+    }
+
+    async fn record_success_and_release(
+        &mut self,
+        s: &Success<'_>,
+    ) -> Result<(Vec<EdgeSatisfied>, Vec<(String, String)>)> {
+        let satisfied = self.record_success(s).await?;
+        let dependents = complete::dependents_of(&satisfied);
+        let ready = self.dependents_release(&dependents, s.now).await?;
+        Ok((satisfied, ready))
+    }
+
+    async fn runs_finish_if_done(&mut self, runs: &[&str], now: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE runs SET state = 'succeeded', finished_at = ?1
+             WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'running'
+               AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = runs.id
+                                 AND state IN ('blocked', 'ready', 'running', 'failed', 'dead', 'cancelled'))",
+        )
+        .bind(now)
+        .bind(json_rows(runs.iter().map(|run| serde_json::json!(run))))
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+}
+
+impl Completion<'_, '_> {
     async fn fence(&mut self, attempts: &[AttemptKey<'_>]) -> Result<Vec<Fenced>> {
         let keys = json_rows(
             attempts
@@ -39,7 +95,7 @@ impl CompletionTx for Completion<'_, '_> {
                 .map(|a| serde_json::json!([a.job_id, a.attempt, a.worker])),
         );
         let rows = sqlx::query(
-            "SELECT j.id, j.run_id, j.stage, j.plugin_digest, j.emits
+            "SELECT j.id, j.attempt, j.run_id, j.stage, j.plugin_digest, j.emits
              FROM json_each(?) AS k JOIN jobs j ON j.id = k.value ->> 0
              WHERE j.attempt = k.value ->> 1 AND j.lease_owner = k.value ->> 2
                AND j.state = 'running'
@@ -54,6 +110,9 @@ impl CompletionTx for Completion<'_, '_> {
     /// Multi-row inserts: the bytes are bound as blobs, which a JSON array
     /// cannot carry.
     async fn artifacts_insert(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
+        if puts.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut inserted = Vec::with_capacity(puts.len());
         for chunk in puts.chunks(ARTIFACT_ROWS_PER_INSERT) {
             let mut insert = QueryBuilder::<Sqlite>::new(
@@ -84,22 +143,6 @@ impl CompletionTx for Completion<'_, '_> {
             );
         }
         Ok(inserted)
-    }
-
-    async fn artifacts_read(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
-        let keys = json_rows(
-            puts.iter()
-                .map(|a| serde_json::json!([a.run_id, a.stage, a.output])),
-        );
-        Ok(sqlx::query_as(
-            "SELECT a.run_id, a.stage, a.output, a.digest
-             FROM json_each(?) AS k JOIN artifacts a
-               ON a.run_id = k.value ->> 0 AND a.stage = k.value ->> 1
-              AND a.output = k.value ->> 2",
-        )
-        .bind(keys)
-        .fetch_all(&mut **self.0)
-        .await?)
     }
 
     /// One call of five statements sharing one parameter, a JSON document
@@ -170,17 +213,21 @@ impl CompletionTx for Completion<'_, '_> {
 
     /// Only edges that were unsatisfied are counted, so a completion applied
     /// twice changes nothing; the reconciler's recount repairs any drift.
+    /// The `(run, stage)` of each dependent that became ready.
     async fn dependents_release(
         &mut self,
         dependents: &[DependentRelease<'_>],
         now: i64,
-    ) -> Result<Vec<bool>> {
+    ) -> Result<Vec<(String, String)>> {
+        if dependents.is_empty() {
+            return Ok(Vec::new());
+        }
         let released = json_rows(
             dependents
                 .iter()
                 .map(|d| serde_json::json!([d.run_id, d.stage, d.edges])),
         );
-        let ready: Vec<(String, String)> = sqlx::query_as(
+        let ready = sqlx::query_as(
             "UPDATE jobs SET pending = pending - (d.value ->> 2),
                     state = CASE WHEN state = 'blocked' AND pending - (d.value ->> 2) <= 0
                                  THEN 'ready' ELSE state END,
@@ -200,20 +247,6 @@ impl CompletionTx for Completion<'_, '_> {
             (state == "ready").then_some((run, stage))
         })
         .collect();
-        Ok(complete::ready_in_order(dependents, &ready))
-    }
-
-    async fn runs_finish_if_done(&mut self, runs: &[&str], now: i64) -> Result<()> {
-        sqlx::query(
-            "UPDATE runs SET state = 'succeeded', finished_at = ?1
-             WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'running'
-               AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = runs.id
-                                 AND state IN ('blocked', 'ready', 'running', 'failed', 'dead', 'cancelled'))",
-        )
-        .bind(now)
-        .bind(json_rows(runs.iter().map(|run| serde_json::json!(run))))
-        .execute(&mut **self.0)
-        .await?;
-        Ok(())
+        Ok(ready)
     }
 }

@@ -276,17 +276,7 @@ mod tests {
     }
 
     fn claimed(job_id: i64) -> ClaimedJob {
-        ClaimedJob {
-            job_id,
-            run_id: "r".into(),
-            stage: format!("s{job_id}"),
-            plugin_digest: "p".into(),
-            attempt: 1,
-            max_attempts: 3,
-            lease_expires_at: 0,
-            outputs: Vec::new(),
-            emits: Vec::new(),
-        }
+        ClaimedJob::fixture(job_id, format!("s{job_id}"))
     }
 
     fn completion(job_id: i64) -> JobComplete {

@@ -315,10 +315,13 @@ pub(crate) async fn complete_many(
         .filter(|run| !waiting.contains(run))
         .collect();
 
-    let ready: BTreeSet<(String, String)> = ready.into_iter().collect();
+    let ready: BTreeSet<(&str, &str)> = ready
+        .iter()
+        .map(|(run, stage)| (run.as_str(), stage.as_str()))
+        .collect();
     let mut released_by: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     for (&(run, stage), &p) in &releases {
-        if ready.contains(&(run.to_string(), stage.to_string())) {
+        if ready.contains(&(run, stage)) {
             released_by
                 .entry(live[p].0)
                 .or_default()
@@ -367,37 +370,41 @@ async fn put_canonical_all(
     puts: &[CanonicalPut<'_>],
     inserted: Vec<StoredKey>,
 ) -> Result<Vec<CanonicalArtifact>> {
-    let mut stored: HashMap<(String, String, String), CanonicalArtifact> = HashMap::new();
-    for (run, stage, output, digest) in inserted {
-        let won = CanonicalArtifact {
-            digest,
-            inserted: true,
-        };
-        stored.insert((run, stage, output), won);
+    let position: HashMap<(&str, &str, &str), usize> = puts
+        .iter()
+        .enumerate()
+        .map(|(i, a)| ((a.run_id, a.stage, a.output), i))
+        .collect();
+    let mut stored: Vec<Option<CanonicalArtifact>> = puts.iter().map(|_| None).collect();
+    place_stored(&mut stored, &position, inserted, true);
+    if stored.iter().any(Option::is_none) {
+        let read = tx.artifacts_read(puts).await?;
+        place_stored(&mut stored, &position, read, false);
     }
-    if stored.len() < puts.len() {
-        for (run, stage, output, digest) in tx.artifacts_read(puts).await? {
-            stored
-                .entry((run, stage, output))
-                .or_insert(CanonicalArtifact {
-                    digest,
-                    inserted: false,
-                });
-        }
-    }
-    puts.iter()
-        .map(|a| {
-            let key = (
-                a.run_id.to_string(),
-                a.stage.to_string(),
-                a.output.to_string(),
-            );
-            stored.remove(&key).ok_or_else(|| StoreError::Corrupt {
+    stored
+        .into_iter()
+        .zip(puts)
+        .map(|(canonical, a)| {
+            canonical.ok_or_else(|| StoreError::Corrupt {
                 table: "artifacts",
                 detail: format!("`{}.{}` neither inserted nor stored", a.stage, a.output),
             })
         })
         .collect()
+}
+
+/// Each stored key at the position of its put, unless one is there.
+fn place_stored(
+    stored: &mut [Option<CanonicalArtifact>],
+    position: &HashMap<(&str, &str, &str), usize>,
+    keys: Vec<StoredKey>,
+    inserted: bool,
+) {
+    for (run, stage, output, digest) in keys {
+        if let Some(&i) = position.get(&(run.as_str(), stage.as_str(), output.as_str())) {
+            stored[i].get_or_insert(CanonicalArtifact { digest, inserted });
+        }
+    }
 }
 
 fn canonical_of(outputs: &[CanonicalOutput]) -> BTreeMap<&str, &str> {
@@ -460,17 +467,7 @@ mod tests {
                 },
             ],
             claimed: (0..claimed)
-                .map(|i| ClaimedJob {
-                    job_id: i as i64,
-                    run_id: "r".into(),
-                    stage: format!("other{i}"),
-                    plugin_digest: "p".into(),
-                    attempt: 1,
-                    max_attempts: 3,
-                    lease_expires_at: 0,
-                    outputs: Vec::new(),
-                    emits: Vec::new(),
-                })
+                .map(|i| ClaimedJob::fixture(i as i64, format!("other{i}")))
                 .collect(),
         }
     }

@@ -93,7 +93,7 @@ pub(crate) fn job_row(row: &impl RowExt) -> Result<JobRow> {
 }
 
 /// The claim's view of a job row just moved to `running`.
-/// A fenced job row: `id, run_id, stage, plugin_digest, emits`.
+/// A fenced job row: `id, attempt, run_id, stage, plugin_digest, emits`.
 pub(crate) fn fenced(row: &impl RowExt) -> Result<crate::store::complete::Fenced> {
     Ok(crate::store::complete::Fenced {
         job_id: row.int("id")?,

@@ -201,6 +201,25 @@ pub struct ClaimedJob {
     pub emits: Vec<String>,
 }
 
+#[cfg(test)]
+impl ClaimedJob {
+    /// A first attempt of `stage` in run `r`, for unit tests that need a
+    /// claimed job and never look it up.
+    pub(crate) fn fixture(job_id: i64, stage: String) -> Self {
+        Self {
+            job_id,
+            run_id: "r".into(),
+            stage,
+            plugin_digest: "p".into(),
+            attempt: 1,
+            max_attempts: 3,
+            lease_expires_at: 0,
+            outputs: Vec::new(),
+            emits: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ProposedArtifact {
     pub name: String,

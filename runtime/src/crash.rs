@@ -31,6 +31,16 @@ pub fn point(name: &str) {
     let _ = name;
 }
 
+/// Whether any crash point is set. A store then writes a batch in the steps
+/// the points sit between, not in one call.
+pub fn armed() -> bool {
+    #[cfg(feature = "failpoints")]
+    let armed = !fail::list().is_empty();
+    #[cfg(not(feature = "failpoints"))]
+    let armed = false;
+    armed
+}
+
 /// Applies `FAILPOINTS` (`name=action;name=action`) once at start-up.
 ///
 /// # Errors

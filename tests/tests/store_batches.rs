@@ -11,7 +11,11 @@
 //!   claim-order test failed;
 //! - live attempts matched to their fenced job row by job id alone
 //!   (`store/complete.rs`): the earlier attempt of a job took the row and
-//!   stored its proposal, and the same-job test failed.
+//!   stored its proposal, and the same-job test failed;
+//! - on Postgres, `ratchet_complete_batch` without its check that each job
+//!   row is the job its claim returned (migration 0006): the completion
+//!   with a forged job was written in one call, and the one-call test
+//!   failed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,8 +23,8 @@ use std::sync::Arc;
 use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::store::{
-    ClaimedJob, CompleteOutcome, EdgeKind, JobClaim, JobComplete, JobState, NewEdge, NewJob,
-    PluginPut, ProposedArtifact, RunSubmit, Store,
+    ClaimedJob, CompleteOutcome, EdgeKind, JobBatch, JobClaim, JobComplete, JobState, NewEdge,
+    NewJob, PluginPut, PostgresStore, ProposedArtifact, RunSubmit, Store,
 };
 use ratchet_tests::{Backend, Harness};
 
@@ -92,6 +96,7 @@ fn completion(job: &ClaimedJob, worker: &str, now: i64) -> JobComplete {
         job_id: job.job_id,
         attempt: job.attempt,
         worker: worker.into(),
+        job: job.into(),
         outputs: vec![ProposedArtifact {
             name: "out".into(),
             media_type: "text/plain".into(),
@@ -287,6 +292,78 @@ async fn join_released_once(backend: Backend) {
         .expect("complete");
     assert!(matches!(outcome, CompleteOutcome::Completed { .. }));
     assert_eq!(h.run_state(&run).await, "succeeded");
+    let audit = h.audit().await;
+    assert!(audit.is_clean(), "{audit:?}");
+}
+
+/// On Postgres a batch whose attempts all hold their lease, on the jobs
+/// their claims returned, and whose proposals are all first under their
+/// keys, is written with the claim after it in one call (ADR 0010); any
+/// other batch statement by statement, with the same result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_writes_a_common_batch_in_one_call_and_any_other_in_steps() {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let Some(h) = Harness::on(Backend::Postgres, clock.clone()).await else {
+        return;
+    };
+    let pg = PostgresStore::open(&h.url).await.expect("open");
+    let run = fan_in(&h, clock.now_ms()).await;
+    let roots = claim(&pg, "w", clock.now_ms(), 3).await;
+    assert_eq!(stages(&roots), [("a", 1), ("b", 1), ("c", 1)]);
+
+    // A completion whose job is not what its row says is written from the
+    // row: one call would have written the events it names.
+    let mut forged = completion(&roots[0], "w", clock.now_ms());
+    forged.job.emits = vec!["forged".into()];
+    let outcome = pg.job_complete(forged).await.expect("complete a");
+    assert!(matches!(outcome, CompleteOutcome::Completed { .. }));
+    assert_eq!(pg.batches_in_steps(), 1, "not written in one call");
+
+    // `b` and `c` together, and a claim: one call releases the join once
+    // and claims it.
+    let both = JobBatch {
+        completions: vec![
+            completion(&roots[1], "w", clock.now_ms()),
+            completion(&roots[2], "w", clock.now_ms()),
+        ],
+        claim: Some(JobClaim {
+            worker: "w".into(),
+            now: clock.now_ms(),
+            lease_ms: 1_000,
+            limit: 1,
+            only_job: None,
+        }),
+    };
+    let outcome = pg.job_batch(&both).await.expect("complete b and c");
+    assert_eq!(pg.batches_in_steps(), 1, "written in one call");
+    let released: Vec<_> = outcome
+        .completed
+        .iter()
+        .map(|o| match o {
+            CompleteOutcome::Completed { outputs, released } => {
+                assert!(outputs[0].won, "{outputs:?}");
+                released.clone()
+            }
+            CompleteOutcome::LeaseLost => panic!("no attempt here was fenced out"),
+        })
+        .collect();
+    assert_eq!(released, [vec![], vec!["j".to_string()]], "to the last");
+    assert_eq!(stages(&outcome.claimed), [("j", 1)], "claimed in the call");
+    let inputs = outcome.claimed[0].inputs.as_ref().map(Vec::len);
+    assert_eq!(inputs, Some(0), "its inputs (none) read in the call");
+    assert_eq!(h.run_state(&run).await, "running");
+
+    let outcome = pg
+        .job_complete(completion(&outcome.claimed[0], "w", clock.now_ms()))
+        .await
+        .expect("complete j");
+    assert!(matches!(outcome, CompleteOutcome::Completed { .. }));
+    assert_eq!(pg.batches_in_steps(), 1, "written in one call");
+    assert_eq!(h.run_state(&run).await, "succeeded", "finished in the call");
+
+    let outbox = pg.outbox_list(Some(&run)).await.expect("outbox");
+    let events: Vec<_> = outbox.iter().map(|o| o.event.as_str()).collect();
+    assert_eq!(events, ["a.done", "b.done", "c.done", "j.done"]);
     let audit = h.audit().await;
     assert!(audit.is_clean(), "{audit:?}");
 }

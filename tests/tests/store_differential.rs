@@ -112,6 +112,7 @@ async fn apply(store: &dyn Store, seed: u64) -> Value {
                         job_id: job.job_id,
                         attempt: job.attempt,
                         worker,
+                        job: (&job).into(),
                         outputs: vec![ProposedArtifact {
                             name: "out".into(),
                             media_type: "text/plain".into(),

@@ -284,6 +284,7 @@ mod tests {
             job_id,
             attempt: 1,
             worker: "w".into(),
+            job: (&claimed(job_id)).into(),
             outputs: Vec::new(),
             input_digests: BTreeMap::new(),
             now: 0,

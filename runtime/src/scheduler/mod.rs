@@ -213,7 +213,10 @@ impl Scheduler {
             probe.started(job);
         }
         let mut input_digests = BTreeMap::new();
-        let loaded = self.store.job_inputs_load(&job.run_id, &job.stage).await?;
+        let loaded = match &job.inputs {
+            Some(inputs) => inputs.clone(),
+            None => self.store.job_inputs_load(&job.run_id, &job.stage).await?,
+        };
         let mut inputs = Vec::with_capacity(loaded.len());
         for input in loaded {
             let Some(artifact) = input.artifact else {
@@ -307,6 +310,7 @@ impl Scheduler {
                     job_id: job.job_id,
                     attempt: job.attempt,
                     worker: self.config.worker_id.clone(),
+                    job: job.into(),
                     outputs,
                     input_digests: execution.input_digests.clone(),
                     now,

@@ -169,6 +169,87 @@ pub(crate) fn dependents_of(satisfied: &[EdgeSatisfied]) -> Vec<DependentRelease
         .collect()
 }
 
+/// A batch's attempts in job id order (positions in the batch), their
+/// fence keys and their proposals: what the fence and the insert take.
+pub(crate) struct Plan<'a> {
+    pub order: Vec<usize>,
+    pub keys: Vec<AttemptKey<'a>>,
+    pub proposals: Vec<Proposal<'a>>,
+}
+
+impl<'a> Plan<'a> {
+    pub(crate) fn of(batch: &'a [JobComplete]) -> Self {
+        let mut order: Vec<usize> = (0..batch.len()).collect();
+        order.sort_by_key(|&i| (batch[i].job_id, batch[i].attempt));
+        let keys = order
+            .iter()
+            .map(|&i| AttemptKey {
+                job_id: batch[i].job_id,
+                attempt: batch[i].attempt,
+                worker: &batch[i].worker,
+            })
+            .collect();
+        let proposals = order
+            .iter()
+            .flat_map(|&i| {
+                let c = &batch[i];
+                c.outputs.iter().map(move |proposed| Proposal {
+                    job_id: c.job_id,
+                    attempt: c.attempt,
+                    output: &proposed.name,
+                    media_type: &proposed.media_type,
+                    bytes: &proposed.bytes,
+                    digest: &proposed.digest,
+                    now: c.now,
+                })
+            })
+            .collect();
+        Self {
+            order,
+            keys,
+            proposals,
+        }
+    }
+
+    /// Every attempt in job id order with its job as its claim returned
+    /// it: the batch as it is when every attempt still holds its lease.
+    pub(crate) fn as_claimed(&self, batch: &[JobComplete]) -> Vec<(usize, Fenced)> {
+        self.order
+            .iter()
+            .map(|&i| {
+                let c = &batch[i];
+                let job = Fenced {
+                    job_id: c.job_id,
+                    attempt: c.attempt,
+                    run_id: c.job.run_id.clone(),
+                    stage: c.job.stage.clone(),
+                    plugin_digest: c.job.plugin_digest.clone(),
+                    emits: c.job.emits.clone(),
+                };
+                (i, job)
+            })
+            .collect()
+    }
+}
+
+/// Live attempts in job id order, each with its job row: the row's
+/// attempt, not an earlier one of the same job in the same batch.
+fn live_of(batch: &[JobComplete], order: &[usize], fenced: Vec<Fenced>) -> Vec<(usize, Fenced)> {
+    let mut fenced: BTreeMap<i64, Fenced> =
+        fenced.into_iter().map(|job| (job.job_id, job)).collect();
+    order
+        .iter()
+        .filter_map(|&i| {
+            let c = &batch[i];
+            let current = fenced.get(&c.job_id)?.attempt == c.attempt;
+            current
+                .then(|| fenced.remove(&c.job_id))
+                .flatten()
+                .map(|job| (i, job))
+        })
+        .collect()
+}
+
 /// Commits the outputs of every attempt in `batch` that still holds its
 /// lease, canonical-first, with its success, its outbox rows, its attempt
 /// row and its released dependents; an attempt fenced out changes nothing.
@@ -180,55 +261,59 @@ pub(crate) async fn complete_many(
     if batch.is_empty() {
         return Ok(Vec::new());
     }
-    let mut order: Vec<usize> = (0..batch.len()).collect();
-    order.sort_by_key(|&i| (batch[i].job_id, batch[i].attempt));
-    let keys: Vec<AttemptKey> = order
-        .iter()
-        .map(|&i| AttemptKey {
-            job_id: batch[i].job_id,
-            attempt: batch[i].attempt,
-            worker: &batch[i].worker,
-        })
-        .collect();
-    let proposals: Vec<Proposal> = order
-        .iter()
-        .flat_map(|&i| {
-            let c = &batch[i];
-            c.outputs.iter().map(move |proposed| Proposal {
-                job_id: c.job_id,
-                attempt: c.attempt,
-                output: &proposed.name,
-                media_type: &proposed.media_type,
-                bytes: &proposed.bytes,
-                digest: &proposed.digest,
-                now: c.now,
-            })
-        })
-        .collect();
-    let (fenced, inserted) = tx.fence_and_insert(&keys, &proposals).await?;
-    let mut fenced: BTreeMap<i64, Fenced> =
-        fenced.into_iter().map(|job| (job.job_id, job)).collect();
-    // Live attempts in job id order, each with its job row: the row's
-    // attempt, not an earlier one of the same job in the same batch.
-    let live: Vec<(usize, Fenced)> = order
-        .iter()
-        .filter_map(|&i| {
-            let c = &batch[i];
-            let current = fenced.get(&c.job_id)?.attempt == c.attempt;
-            current
-                .then(|| fenced.remove(&c.job_id))
-                .flatten()
-                .map(|job| (i, job))
-        })
-        .collect();
+    let plan = Plan::of(batch);
+    let (fenced, inserted) = tx.fence_and_insert(&plan.keys, &plan.proposals).await?;
+    let live = live_of(batch, &plan.order, fenced);
     if live.is_empty() {
         return Ok(vec![CompleteOutcome::LeaseLost; batch.len()]);
     }
-
-    let outputs_of = persist_outputs(tx, batch, &live, &proposals, inserted).await?;
-    let mut outbox = Vec::new();
-    for ((i, job), outputs) in live.iter().zip(&outputs_of) {
+    let outputs_of = persist_outputs(tx, batch, &live, &plan.proposals, inserted).await?;
+    for _ in &live {
         crate::crash::point("after_persist");
+    }
+    let success = success_of(batch, &live, &outputs_of);
+    let now = success.now;
+    let (satisfied, ready) = tx.record_success_and_release(&success).await?;
+    crate::crash::point("after_outbox_insert");
+    let (released_by, runs) = releases_of(&live, &satisfied, &ready)?;
+    if !runs.is_empty() {
+        tx.runs_finish_if_done(&runs, now).await?;
+    }
+    Ok(outcomes(batch.len(), &live, outputs_of, released_by))
+}
+
+/// Each proposal of each live attempt as the stored canonical value: the
+/// batch as it is when no other attempt stored an output first.
+pub(crate) fn proposed_as_won(
+    batch: &[JobComplete],
+    live: &[(usize, Fenced)],
+) -> Vec<Vec<CanonicalOutput>> {
+    live.iter()
+        .map(|(i, _)| {
+            batch[*i]
+                .outputs
+                .iter()
+                .map(|proposed| CanonicalOutput {
+                    name: proposed.name.clone(),
+                    digest: proposed.digest.clone(),
+                    proposed_digest: proposed.digest.clone(),
+                    won: true,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The rows the live attempts write once their outputs are stored
+/// (`outputs_of`, in the order of `live`): outbox rows naming the canonical
+/// outputs, the jobs' success, the attempts' rows, the edges to satisfy.
+pub(crate) fn success_of<'a>(
+    batch: &'a [JobComplete],
+    live: &'a [(usize, Fenced)],
+    outputs_of: &'a [Vec<CanonicalOutput>],
+) -> Success<'a> {
+    let mut outbox = Vec::new();
+    for ((i, job), outputs) in live.iter().zip(outputs_of) {
         let c = &batch[*i];
         for event in &job.emits {
             let payload = serde_json::json!({
@@ -248,10 +333,9 @@ pub(crate) async fn complete_many(
             });
         }
     }
-
-    let attempts: Vec<AttemptSucceeded> = live
+    let attempts = live
         .iter()
-        .zip(&outputs_of)
+        .zip(outputs_of)
         .map(|((i, _), outputs)| {
             let c = &batch[*i];
             AttemptSucceeded {
@@ -268,8 +352,7 @@ pub(crate) async fn complete_many(
             }
         })
         .collect();
-    let now = batch.iter().map(|c| c.now).max().unwrap_or_default();
-    let success = Success {
+    Success {
         outbox,
         job_ids: live.iter().map(|(i, _)| batch[*i].job_id).collect(),
         attempts,
@@ -277,11 +360,20 @@ pub(crate) async fn complete_many(
             .iter()
             .map(|(_, job)| (job.run_id.as_str(), job.stage.as_str()))
             .collect(),
-        now,
-    };
-    let (satisfied, ready) = tx.record_success_and_release(&success).await?;
-    crate::crash::point("after_outbox_insert");
+        now: batch.iter().map(|c| c.now).max().unwrap_or_default(),
+    }
+}
 
+/// The stages each completion released, by its position in the batch.
+pub(crate) type ReleasedBy = BTreeMap<usize, Vec<String>>;
+
+/// The stages each live attempt released, and the runs (sorted) that may
+/// now be done.
+pub(crate) fn releases_of<'a>(
+    live: &'a [(usize, Fenced)],
+    satisfied: &'a [EdgeSatisfied],
+    ready: &[(String, String)],
+) -> Result<(ReleasedBy, Vec<&'a str>)> {
     // The last live completion (in job id order) that satisfied an edge
     // into each dependent: the one its release is reported to.
     let position: BTreeMap<(&str, &str), usize> = live
@@ -290,7 +382,7 @@ pub(crate) async fn complete_many(
         .map(|(p, (_, job))| ((job.run_id.as_str(), job.stage.as_str()), p))
         .collect();
     let mut releases: BTreeMap<(&str, &str), usize> = BTreeMap::new();
-    for edge in &satisfied {
+    for edge in satisfied {
         let Some(&p) = position.get(&(edge.run_id.as_str(), edge.from_stage.as_str())) else {
             return Err(StoreError::Corrupt {
                 table: "edges",
@@ -319,7 +411,7 @@ pub(crate) async fn complete_many(
         .iter()
         .map(|(run, stage)| (run.as_str(), stage.as_str()))
         .collect();
-    let mut released_by: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    let mut released_by = ReleasedBy::new();
     for (&(run, stage), &p) in &releases {
         if ready.contains(&(run, stage)) {
             released_by
@@ -328,14 +420,19 @@ pub(crate) async fn complete_many(
                 .push(stage.to_string());
         }
     }
-    if !runs.is_empty() {
-        tx.runs_finish_if_done(&runs.into_iter().collect::<Vec<_>>(), now)
-            .await?;
-    }
+    Ok((released_by, runs.into_iter().collect()))
+}
 
+/// Each completion's outcome, in the order of the batch (`n` of them).
+pub(crate) fn outcomes(
+    n: usize,
+    live: &[(usize, Fenced)],
+    outputs_of: Vec<Vec<CanonicalOutput>>,
+    mut released_by: ReleasedBy,
+) -> Vec<CompleteOutcome> {
     let mut outputs_of: BTreeMap<usize, Vec<CanonicalOutput>> =
         live.iter().map(|(i, _)| *i).zip(outputs_of).collect();
-    Ok((0..batch.len())
+    (0..n)
         .map(|i| match outputs_of.remove(&i) {
             Some(outputs) => CompleteOutcome::Completed {
                 outputs,
@@ -343,7 +440,7 @@ pub(crate) async fn complete_many(
             },
             None => CompleteOutcome::LeaseLost,
         })
-        .collect())
+        .collect()
 }
 
 /// Whether a batch may have released a job it did not claim itself: only

@@ -129,6 +129,7 @@ pub(crate) fn claimed_job(
         lease_expires_at,
         outputs: json_list("jobs", &row.text("outputs")?)?,
         emits: json_list("jobs", &row.text("emits")?)?,
+        inputs: None,
     })
 }
 

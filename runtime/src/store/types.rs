@@ -199,6 +199,30 @@ pub struct ClaimedJob {
     pub lease_expires_at: i64,
     pub outputs: Vec<String>,
     pub emits: Vec<String>,
+    /// The job's canonical inputs, when the claim read them in its own
+    /// transaction (Postgres, in a batch); `None` when they are still to be
+    /// read ([`Store::job_inputs_load`](super::Store::job_inputs_load)).
+    pub inputs: Option<Vec<LoadedInput>>,
+}
+
+/// What a completion's writes take from its job, as the claim returned it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedAs {
+    pub run_id: String,
+    pub stage: String,
+    pub plugin_digest: String,
+    pub emits: Vec<String>,
+}
+
+impl From<&ClaimedJob> for ClaimedAs {
+    fn from(job: &ClaimedJob) -> Self {
+        Self {
+            run_id: job.run_id.clone(),
+            stage: job.stage.clone(),
+            plugin_digest: job.plugin_digest.clone(),
+            emits: job.emits.clone(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -216,6 +240,7 @@ impl ClaimedJob {
             lease_expires_at: 0,
             outputs: Vec::new(),
             emits: Vec::new(),
+            inputs: None,
         }
     }
 }
@@ -233,6 +258,11 @@ pub struct JobComplete {
     pub job_id: i64,
     pub attempt: i64,
     pub worker: String,
+    /// The job as the attempt's claim returned it. A backend may write the
+    /// whole completion on it in one step; it checks it against the job
+    /// row first, and a completion whose job row says otherwise is written
+    /// from the row.
+    pub job: ClaimedAs,
     pub outputs: Vec<ProposedArtifact>,
     /// Input name -> digest of the canonical bytes the attempt consumed.
     pub input_digests: BTreeMap<String, String>,

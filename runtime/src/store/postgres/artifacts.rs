@@ -104,10 +104,9 @@ pub(super) async fn inputs_load(
     run_id: &str,
     stage: &str,
 ) -> Result<Vec<LoadedInput>> {
-    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "{} WHERE b.run_id = $1 AND b.stage = $2 ORDER BY b.input",
-        rows::INPUTS_SELECT
-    )))
+    let rows = sqlx::query(
+        "SELECT * FROM ratchet_inputs_of(ARRAY[NULL::BIGINT], ARRAY[$1::TEXT], ARRAY[$2::TEXT])",
+    )
     .bind(run_id)
     .bind(stage)
     .fetch_all(&store.pool)

@@ -1,20 +1,37 @@
-//! The statements of a completion (`store::complete`), in PostgreSQL's dialect.
+//! The steps of a completion (`store::complete`) on PostgreSQL, each a
+//! call of a function of migration 0006, and a whole batch with the claim
+//! after it in one call of `ratchet_complete_batch`, which runs the same
+//! functions (ADR 0010).
+
+use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::store::complete::{
-    self, AttemptKey, CompletionTx, EdgeSatisfied, Fenced, Proposal, StoredKey, Success,
+    self, AttemptKey, CompletionTx, EdgeSatisfied, Fenced, Plan, Proposal, StoredKey, Success,
 };
 use crate::store::rows::RowExt;
 
+/// The SQLSTATE `ratchet_complete_batch` raises when the batch is not the
+/// common case (an attempt fenced out, a proposal that lost): nothing it
+/// wrote stays, and the batch runs statement by statement instead.
+const NOT_IN_ONE_CALL: &str = "RT001";
+
 pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome> {
-    let mut tx = store.begin_write().await?;
-    let completed = complete::complete_many(&mut Completion(&mut tx), &b.completions).await?;
-    let claimed = match &b.claim {
-        Some(claim) => jobs::claim_tx(&mut tx, claim).await?,
-        None => Vec::new(),
+    // A crash point inside the transaction is passed only step by step.
+    let outcome = if b.completions.is_empty() || crate::crash::armed() {
+        in_steps(store, b).await?
+    } else {
+        match in_one_call(store, b).await {
+            Err(StoreError::Database(sqlx::Error::Database(e)))
+                if e.code().as_deref() == Some(NOT_IN_ONE_CALL) =>
+            {
+                tracing::debug!("a batch is written step by step: {}", e.message());
+                store.stepped.fetch_add(1, Ordering::Relaxed);
+                in_steps(store, b).await?
+            }
+            other => other?,
+        }
     };
-    tx.commit().await?;
-    let outcome = JobBatchOutcome { completed, claimed };
     // After the commit, not in it: a transaction that notifies holds a
     // lock shared by every notifier until its commit is flushed, which
     // would put the parallel committers' flushes in a row.
@@ -24,6 +41,18 @@ pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatc
     Ok(outcome)
 }
 
+/// The batch as one statement-by-statement transaction.
+async fn in_steps(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome> {
+    let mut tx = store.begin_write().await?;
+    let completed = complete::complete_many(&mut Completion(&mut tx), &b.completions).await?;
+    let claimed = match &b.claim {
+        Some(claim) => jobs::claim_tx(&mut tx, claim).await?,
+        None => Vec::new(),
+    };
+    tx.commit().await?;
+    Ok(JobBatchOutcome { completed, claimed })
+}
+
 struct Completion<'t>(&'t mut Tx);
 
 /// One column of a set of rows, bound as one array parameter.
@@ -31,46 +60,17 @@ fn column<'r, T, U>(rows: &'r [T], f: impl Fn(&'r T) -> U) -> Vec<U> {
     rows.iter().map(f).collect()
 }
 
-/// Each step is one statement: a batch waits for as few round trips to the
-/// server as it can.
-impl CompletionTx for Completion<'_> {
-    /// The fence locks the job rows in id order (`MATERIALIZED` keeps that
-    /// step whole, and the insert reads it); the insert stores each
-    /// proposal of a fenced attempt under its job's run and stage. Rows of
-    /// both come back in one result: a fenced job has an `id`, an inserted
-    /// artifact an `output`.
-    async fn fence_and_insert(
-        &mut self,
-        attempts: &[AttemptKey<'_>],
-        proposals: &[Proposal<'_>],
-    ) -> Result<(Vec<Fenced>, Vec<StoredKey>)> {
-        let rows = sqlx::query(
-            "WITH fenced AS MATERIALIZED (
-                 SELECT j.id, j.attempt, j.run_id, j.stage, j.plugin_digest, j.emits
-                 FROM jobs j
-                 JOIN UNNEST($1::BIGINT[], $2::BIGINT[], $3::TEXT[]) AS k(id, attempt, worker)
-                   ON j.id = k.id AND j.attempt = k.attempt AND j.lease_owner = k.worker
-                 WHERE j.state = 'running'
-                 ORDER BY j.id
-                 FOR UPDATE OF j
-             ), inserted AS (
-                 INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
-                                        attempt, plugin_digest, created_at)
-                 SELECT f.run_id, f.stage, p.output, p.media_type, p.bytes, p.digest,
-                        OCTET_LENGTH(p.bytes), p.attempt, f.plugin_digest, p.now
-                 FROM UNNEST($4::BIGINT[], $5::BIGINT[], $6::TEXT[], $7::TEXT[], $8::BYTEA[],
-                             $9::TEXT[], $10::BIGINT[])
-                      AS p(job_id, attempt, output, media_type, bytes, digest, now)
-                 JOIN fenced f ON f.id = p.job_id AND f.attempt = p.attempt
-                 ON CONFLICT (run_id, stage, output) DO NOTHING
-                 RETURNING run_id, stage, output, digest
-             )
-             SELECT id, attempt, run_id, stage, plugin_digest, emits,
-                    NULL AS output, NULL AS digest
-             FROM fenced
-             UNION ALL
-             SELECT NULL, NULL, run_id, stage, NULL, NULL, output, digest FROM inserted",
-        )
+/// The fence and the insert (`ratchet_fence_and_insert`, migration 0006):
+/// `$1`–`$3` the attempts, `$4`–`$10` the proposals.
+const FENCE_AND_INSERT: &str =
+    "SELECT * FROM ratchet_fence_and_insert($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+fn bind_fence_and_insert<'q>(
+    query: PgQuery<'q>,
+    attempts: &'q [AttemptKey<'_>],
+    proposals: &'q [Proposal<'_>],
+) -> PgQuery<'q> {
+    query
         .bind(column(attempts, |a| a.job_id))
         .bind(column(attempts, |a| a.attempt))
         .bind(column(attempts, |a| a.worker))
@@ -81,8 +81,120 @@ impl CompletionTx for Completion<'_> {
         .bind(column(proposals, |p| p.bytes))
         .bind(column(proposals, |p| p.digest))
         .bind(column(proposals, |p| p.now))
-        .fetch_all(&mut **self.0)
-        .await?;
+}
+
+/// The success and the release (`ratchet_success_and_release`, migration
+/// 0006): `$1`–`$6` the outbox rows, `$7` now, `$8` the jobs, `$9`–`$15`
+/// the attempts, `$16`–`$17` the `(run, stage)` the edges leave.
+const SUCCESS_AND_RELEASE: &str = "SELECT * FROM ratchet_success_and_release(
+     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)";
+
+fn bind_success<'q>(query: PgQuery<'q>, s: &'q Success<'_>) -> PgQuery<'q> {
+    let (outbox, attempts) = (&s.outbox, &s.attempts);
+    query
+        .bind(column(outbox, |o| o.dedup_key.as_str()))
+        .bind(column(outbox, |o| o.run_id))
+        .bind(column(outbox, |o| o.stage))
+        .bind(column(outbox, |o| o.event))
+        .bind(column(outbox, |o| o.payload.as_str()))
+        .bind(column(outbox, |o| o.now))
+        .bind(s.now)
+        .bind(&s.job_ids)
+        .bind(column(attempts, |a| a.job_id))
+        .bind(column(attempts, |a| a.attempt))
+        .bind(column(attempts, |a| a.now))
+        .bind(column(attempts, |a| to_json(a.input_digests)))
+        .bind(column(attempts, |a| to_json(&a.proposals)))
+        .bind(column(attempts, |a| to_json(&a.canonical)))
+        .bind(column(attempts, |a| i64::from(a.all_won)))
+        .bind(column(&s.from, |f| f.0))
+        .bind(column(&s.from, |f| f.1))
+}
+
+/// Finishes each run of `$2` that has no job left to do, at `$1`
+/// (`ratchet_finish_runs`, migration 0006), its row locked first.
+const FINISH_RUNS: &str = "SELECT 1 FROM ratchet_finish_runs($1, $2)";
+
+/// `ratchet_complete_batch` (migration 0006): the fence and insert's
+/// parameters, each attempt's job as its claim returned it, the success and
+/// release's parameters, the claim statement and its parameters.
+const COMPLETE_BATCH: &str = "SELECT * FROM ratchet_complete_batch(
+     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+     $11, $12, $13, $14,
+     $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31,
+     $32, $33, $34, $35, $36, $37)";
+
+/// The whole batch and the claim after it in one call, as `complete_many`
+/// and `claim_tx` would write it when every attempt still holds its lease
+/// on the job its claim returned and every proposal is the first stored
+/// under its key. The function checks both before anything it writes can
+/// stay, and raises [`NOT_IN_ONE_CALL`] otherwise.
+async fn in_one_call(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome> {
+    let batch = &b.completions;
+    let plan = Plan::of(batch);
+    let live = plan.as_claimed(batch);
+    let outputs_of = complete::proposed_as_won(batch, &live);
+    let success = complete::success_of(batch, &live, &outputs_of);
+    let query = bind_fence_and_insert(sqlx::query(COMPLETE_BATCH), &plan.keys, &plan.proposals)
+        .bind(column(&live, |(_, job)| job.run_id.as_str()))
+        .bind(column(&live, |(_, job)| job.stage.as_str()))
+        .bind(column(&live, |(_, job)| job.plugin_digest.as_str()))
+        .bind(column(&live, |(_, job)| to_json(&job.emits)));
+    let query = bind_success(query, &success).bind(jobs::CLAIM);
+    let query = match &b.claim {
+        Some(claim) => jobs::bind_claim(query, claim),
+        None => query
+            .bind(None::<i64>)
+            .bind(None::<i64>)
+            .bind(None::<i64>)
+            .bind(None::<&str>)
+            .bind(None::<i64>),
+    };
+    let rows = query.fetch_all(&store.pool).await?;
+    let lease_expires_at = b.claim.as_ref().map_or(0, |c| c.now + c.lease_ms);
+    let (mut satisfied, mut ready, mut claimed) = (Vec::new(), Vec::new(), Vec::new());
+    for row in &rows {
+        match row.text("kind")?.as_str() {
+            "satisfied" => satisfied.push(EdgeSatisfied {
+                run_id: row.text("run_id")?,
+                from_stage: row.text("stage")?,
+                to_stage: row.text("to_stage")?,
+            }),
+            "ready" => ready.push((row.text("run_id")?, row.text("to_stage")?)),
+            "claimed" => {
+                let mut job = rows::claimed_job(row, row.int("id")?, lease_expires_at)?;
+                job.inputs = Some(Vec::new());
+                claimed.push(job);
+            }
+            _ => {
+                let job_id = row.int("id")?;
+                let Some(job) = claimed.iter_mut().find(|j| j.job_id == job_id) else {
+                    return Err(StoreError::Corrupt {
+                        table: "job_inputs",
+                        detail: format!("an input of job {job_id}, which was not claimed"),
+                    });
+                };
+                job.inputs
+                    .get_or_insert_default()
+                    .push(rows::loaded_input(row)?);
+            }
+        }
+    }
+    let (released_by, _) = complete::releases_of(&live, &satisfied, &ready)?;
+    let completed = complete::outcomes(batch.len(), &live, outputs_of, released_by);
+    Ok(JobBatchOutcome { completed, claimed })
+}
+
+/// Each step is one round trip.
+impl CompletionTx for Completion<'_> {
+    async fn fence_and_insert(
+        &mut self,
+        attempts: &[AttemptKey<'_>],
+        proposals: &[Proposal<'_>],
+    ) -> Result<(Vec<Fenced>, Vec<StoredKey>)> {
+        let rows = bind_fence_and_insert(sqlx::query(FENCE_AND_INSERT), attempts, proposals)
+            .fetch_all(&mut **self.0)
+            .await?;
         let (mut fenced, mut inserted) = (Vec::new(), Vec::new());
         for row in &rows {
             match row.opt_text("output")? {
@@ -101,9 +213,9 @@ impl CompletionTx for Completion<'_> {
     async fn artifacts_read(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
         Ok(sqlx::query_as(
             "SELECT a.run_id, a.stage, a.output, a.digest
-             FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[]) AS k(run_id, stage, output)
-             JOIN artifacts a
-               ON a.run_id = k.run_id AND a.stage = k.stage AND a.output = k.output",
+         FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[]) AS k(run_id, stage, output)
+         JOIN artifacts a
+           ON a.run_id = k.run_id AND a.stage = k.stage AND a.output = k.output",
         )
         .bind(column(puts, |a| a.run_id))
         .bind(column(puts, |a| a.stage))
@@ -112,86 +224,13 @@ impl CompletionTx for Completion<'_> {
         .await?)
     }
 
-    /// One statement: data-modifying `WITH` clauses write the outbox rows,
-    /// the jobs (taking values of the shared order in the order given, as
-    /// on SQLite), the attempts and the edges; the dependents the satisfied
-    /// edges point to are locked in `(run, stage)` order (`MATERIALIZED`
-    /// keeps that lock step whole), and the decrement then reads each
-    /// locked row's latest version, so two predecessors finishing at once
-    /// cannot both miss each other (a recount could, under READ COMMITTED).
-    /// A dependent is never one of the jobs succeeding: it is blocked until
-    /// they have. Rows of both come back in one result: a dependent has a
-    /// `state`.
     async fn record_success_and_release(
         &mut self,
         s: &Success<'_>,
     ) -> Result<(Vec<EdgeSatisfied>, Vec<(String, String)>)> {
-        let (outbox, attempts) = (&s.outbox, &s.attempts);
-        let rows = sqlx::query(
-            "WITH outbox_rows AS (
-                 INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
-                 SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[], $4::TEXT[],
-                                      $5::TEXT[], $6::BIGINT[])
-                 ON CONFLICT (dedup_key) DO NOTHING
-             ), succeeded AS (
-                 UPDATE jobs SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,
-                        last_error = NULL, succeeded_seq = s.seq, updated_at = $7
-                 FROM (SELECT id, nextval('ratchet_seq') AS seq
-                       FROM UNNEST($8::BIGINT[]) WITH ORDINALITY AS x(id, n) ORDER BY n) AS s
-                 WHERE jobs.id = s.id
-             ), attempted AS (
-                 UPDATE attempts a SET outcome = 'succeeded', finished_at = x.now,
-                        input_digests = x.inputs, proposal_digests = x.proposals,
-                        canonical_digests = x.canonical, proposal_won = x.won
-                 FROM UNNEST($9::BIGINT[], $10::BIGINT[], $11::BIGINT[], $12::TEXT[], $13::TEXT[],
-                             $14::TEXT[], $15::BIGINT[])
-                      AS x(job_id, attempt, now, inputs, proposals, canonical, won)
-                 WHERE a.job_id = x.job_id AND a.attempt = x.attempt
-             ), satisfied AS (
-                 UPDATE edges e SET satisfied = 1
-                 FROM UNNEST($16::TEXT[], $17::TEXT[]) AS f(run_id, stage)
-                 WHERE e.run_id = f.run_id AND e.from_stage = f.stage AND e.satisfied = 0
-                 RETURNING e.run_id, e.from_stage, e.to_stage
-             ), locked AS MATERIALIZED (
-                 SELECT j.id, d.edges FROM jobs j
-                 JOIN (SELECT run_id, to_stage, COUNT(*) AS edges FROM satisfied
-                       GROUP BY run_id, to_stage) AS d
-                   ON j.run_id = d.run_id AND j.stage = d.to_stage
-                 ORDER BY j.run_id, j.stage
-                 FOR NO KEY UPDATE OF j
-             ), released AS (
-                 UPDATE jobs j SET pending = j.pending - l.edges,
-                        state = CASE WHEN j.state = 'blocked' AND j.pending - l.edges <= 0
-                                     THEN 'ready' ELSE j.state END,
-                        next_run_at = CASE WHEN j.state = 'blocked' AND j.pending - l.edges <= 0
-                                           THEN $7 ELSE j.next_run_at END,
-                        updated_at = $7
-                 FROM locked l WHERE j.id = l.id
-                 RETURNING j.run_id, j.stage, j.state
-             )
-             SELECT run_id, from_stage, to_stage, NULL AS state FROM satisfied
-             UNION ALL
-             SELECT run_id, NULL, stage, state FROM released",
-        )
-        .bind(column(outbox, |o| o.dedup_key.as_str()))
-        .bind(column(outbox, |o| o.run_id))
-        .bind(column(outbox, |o| o.stage))
-        .bind(column(outbox, |o| o.event))
-        .bind(column(outbox, |o| o.payload.as_str()))
-        .bind(column(outbox, |o| o.now))
-        .bind(s.now)
-        .bind(&s.job_ids)
-        .bind(column(attempts, |a| a.job_id))
-        .bind(column(attempts, |a| a.attempt))
-        .bind(column(attempts, |a| a.now))
-        .bind(column(attempts, |a| to_json(a.input_digests)))
-        .bind(column(attempts, |a| to_json(&a.proposals)))
-        .bind(column(attempts, |a| to_json(&a.canonical)))
-        .bind(column(attempts, |a| i64::from(a.all_won)))
-        .bind(column(&s.from, |f| f.0))
-        .bind(column(&s.from, |f| f.1))
-        .fetch_all(&mut **self.0)
-        .await?;
+        let rows = bind_success(sqlx::query(SUCCESS_AND_RELEASE), s)
+            .fetch_all(&mut **self.0)
+            .await?;
         let (mut satisfied, mut ready) = (Vec::new(), Vec::new());
         for row in &rows {
             match row.opt_text("state")?.as_deref() {
@@ -203,23 +242,12 @@ impl CompletionTx for Completion<'_> {
         Ok((satisfied, ready))
     }
 
-    /// Locks the run rows first: the last two completions of a run then see
-    /// each other's commits, and one of them finishes the run.
     async fn runs_finish_if_done(&mut self, runs: &[&str], now: i64) -> Result<()> {
-        sqlx::query("SELECT id FROM runs WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
+        sqlx::query(FINISH_RUNS)
+            .bind(now)
             .bind(runs)
             .execute(&mut **self.0)
             .await?;
-        sqlx::query(
-            "UPDATE runs SET state = 'succeeded', finished_at = $1
-             WHERE id = ANY($2) AND state = 'running'
-               AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.run_id = runs.id
-                                 AND state IN ('blocked', 'ready', 'running', 'failed', 'dead', 'cancelled'))",
-        )
-        .bind(now)
-        .bind(runs)
-        .execute(&mut **self.0)
-        .await?;
         Ok(())
     }
 }

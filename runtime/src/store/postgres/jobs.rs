@@ -22,7 +22,7 @@ pub(super) async fn list<'e>(
 
 /// The claim statement: `$1` now, `$2` only this job (or NULL), `$3` the
 /// limit, `$4` the worker, `$5` the new leases' expiry.
-const CLAIM: &str = "WITH expired AS (
+pub(super) const CLAIM: &str = "WITH expired AS (
              SELECT id, attempt, lease_expires_at AS due FROM jobs
              WHERE state = 'running' AND lease_expires_at <= $1 AND attempt < max_attempts
                AND ($2::BIGINT IS NULL OR id = $2)
@@ -76,7 +76,7 @@ pub(super) async fn claim_tx(tx: &mut Tx, c: &JobClaim) -> Result<Vec<ClaimedJob
         .collect()
 }
 
-fn bind_claim<'q>(query: PgQuery<'q>, c: &'q JobClaim) -> PgQuery<'q> {
+pub(super) fn bind_claim<'q>(query: PgQuery<'q>, c: &'q JobClaim) -> PgQuery<'q> {
     query
         .bind(c.now)
         .bind(c.only_job)
@@ -84,8 +84,6 @@ fn bind_claim<'q>(query: PgQuery<'q>, c: &'q JobClaim) -> PgQuery<'q> {
         .bind(&c.worker)
         .bind(c.now + c.lease_ms)
 }
-
-type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
 
 impl PostgresStore {
     /// What the claim statement does for `c` on the data there is now, as

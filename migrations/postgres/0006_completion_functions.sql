@@ -182,7 +182,7 @@ $fn$;
 -- `EXECUTE` so that it is planned for the data there is now, with
 -- `c_now`, `c_only`, `c_limit`, `c_worker`, `c_expires`; no claim when
 -- `c_limit` is NULL. Returns rows of four kinds: `satisfied` (run_id,
--- stage = from_stage, to_stage), `ready` (run_id, to_stage), `claimed`
+-- from_stage, to_stage), `ready` (run_id, to_stage), `claimed`
 -- (the claim's columns, in its order) and `input` (`id` the claimed job,
 -- the other columns those of `ratchet_inputs_of`): a claimed job starts
 -- without reading its inputs in a round trip of its own.
@@ -266,14 +266,16 @@ BEGIN
     END IF;
 
     RETURN QUERY
-        SELECT 'satisfied'::TEXT, NULL::BIGINT, s.r, s.f, s.t, NULL::TEXT, NULL::BIGINT,
-               NULL::BIGINT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT,
-               NULL::BIGINT, NULL::BIGINT, NULL::BYTEA
+        SELECT 'satisfied'::TEXT, NULL::BIGINT, s.r, NULL::TEXT, s.t, NULL::TEXT,
+               NULL::BIGINT, NULL::BIGINT, NULL::TEXT, NULL::TEXT, NULL::TEXT, s.f,
+               NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::BIGINT, NULL::BIGINT,
+               NULL::BYTEA
         FROM unnest(sat_run, sat_from, sat_to) AS s(r, f, t);
     RETURN QUERY
-        SELECT 'ready'::TEXT, NULL::BIGINT, s.r, NULL::TEXT, s.t, NULL::TEXT, NULL::BIGINT,
-               NULL::BIGINT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT,
-               NULL::BIGINT, NULL::BIGINT, NULL::BYTEA
+        SELECT 'ready'::TEXT, NULL::BIGINT, s.r, NULL::TEXT, s.t, NULL::TEXT,
+               NULL::BIGINT, NULL::BIGINT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT,
+               NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::BIGINT, NULL::BIGINT,
+               NULL::BYTEA
         FROM unnest(ready_run, ready_stage) AS s(r, t);
     IF c_limit IS NULL THEN
         RETURN;

@@ -16,7 +16,7 @@ use crate::digest::sha256_hex;
 use crate::plugin::{ExecError, ExecReport, Invocation, Payload, PluginHost};
 use crate::store::{
     CanonicalOutput, ClaimedJob, CompleteOutcome, FailOutcome, JobClaim, JobComplete, JobFail,
-    ProposedArtifact, Store, StoreError,
+    LoadedInput, ProposedArtifact, Store, StoreError,
 };
 pub use group_commit::CommitStats;
 use group_commit::{Claimer, GroupCommit};
@@ -209,12 +209,21 @@ impl Scheduler {
     /// Runs the pinned plugin on inputs read from the artifacts table, and
     /// nothing else: a plugin never sees a value that is not canonical.
     pub async fn execute(&self, job: &ClaimedJob) -> Result<Execution, StoreError> {
+        self.execute_on(job, job.inputs.clone()).await
+    }
+
+    /// [`Scheduler::execute`] on the inputs the claim read, if it did.
+    async fn execute_on(
+        &self,
+        job: &ClaimedJob,
+        claimed_inputs: Option<Vec<LoadedInput>>,
+    ) -> Result<Execution, StoreError> {
         if let Some(probe) = &self.probe {
             probe.started(job);
         }
         let mut input_digests = BTreeMap::new();
-        let loaded = match &job.inputs {
-            Some(inputs) => inputs.clone(),
+        let loaded = match claimed_inputs {
+            Some(inputs) => inputs,
             None => self.store.job_inputs_load(&job.run_id, &job.stage).await?,
         };
         let mut inputs = Vec::with_capacity(loaded.len());
@@ -370,10 +379,11 @@ impl Scheduler {
     /// for this slot in the completion's transaction, if any was due.
     pub async fn run_claimed_then_claim(
         &self,
-        job: ClaimedJob,
+        mut job: ClaimedJob,
         claim_next: bool,
     ) -> Result<(Finished, Option<ClaimedJob>), StoreError> {
-        let execution = self.execute(&job).await?;
+        let claimed_inputs = job.inputs.take();
+        let execution = self.execute_on(&job, claimed_inputs).await?;
         let mut tries = 0u32;
         let (outcome, next) = loop {
             match self.finish_then_claim(&job, &execution, claim_next).await {

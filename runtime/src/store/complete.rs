@@ -268,6 +268,7 @@ pub(crate) async fn complete_many(
         return Ok(vec![CompleteOutcome::LeaseLost; batch.len()]);
     }
     let outputs_of = persist_outputs(tx, batch, &live, &plan.proposals, inserted).await?;
+    // Passed once per live attempt, as when each wrote its outputs alone.
     for _ in &live {
         crate::crash::point("after_persist");
     }

@@ -155,18 +155,14 @@ async fn in_one_call(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutc
     let (mut satisfied, mut ready, mut claimed) = (Vec::new(), Vec::new(), Vec::new());
     for row in &rows {
         match row.text("kind")?.as_str() {
-            "satisfied" => satisfied.push(EdgeSatisfied {
-                run_id: row.text("run_id")?,
-                from_stage: row.text("stage")?,
-                to_stage: row.text("to_stage")?,
-            }),
+            "satisfied" => satisfied.push(rows::edge_satisfied(row)?),
             "ready" => ready.push((row.text("run_id")?, row.text("to_stage")?)),
             "claimed" => {
                 let mut job = rows::claimed_job(row, row.int("id")?, lease_expires_at)?;
                 job.inputs = Some(Vec::new());
                 claimed.push(job);
             }
-            _ => {
+            "input" => {
                 let job_id = row.int("id")?;
                 let Some(job) = claimed.iter_mut().find(|j| j.job_id == job_id) else {
                     return Err(StoreError::Corrupt {
@@ -177,6 +173,12 @@ async fn in_one_call(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutc
                 job.inputs
                     .get_or_insert_default()
                     .push(rows::loaded_input(row)?);
+            }
+            kind => {
+                return Err(StoreError::Corrupt {
+                    table: "ratchet_complete_batch",
+                    detail: format!("a row of unknown kind `{kind}`"),
+                });
             }
         }
     }

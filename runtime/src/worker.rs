@@ -31,7 +31,7 @@ impl Default for WorkerOptions {
     fn default() -> Self {
         Self {
             concurrency: 4,
-            claim_batch: 16,
+            claim_batch: 64,
             until_idle: false,
             poll: Duration::from_millis(200),
             reconcile_every: Duration::from_secs(10),

@@ -277,8 +277,10 @@ pub(super) async fn fanout(
 ) -> anyhow::Result<FanoutPoint> {
     let rig = rig(scratch, &format!("fanout_{stages}"), config.workers).await?;
     let text = fanout_pipeline(stages);
+    let submitted = Instant::now();
     let pipeline = Pipeline::parse("bench fan-out", &text)?;
     rig.submit(&pipeline, b"fan".to_vec()).await?;
+    let submit_seconds = submitted.elapsed().as_secs_f64();
     drop((text, pipeline));
     // Only what the burn-down needs counts: the peak starts again here.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
@@ -288,6 +290,7 @@ pub(super) async fn fanout(
         .await?;
     Ok(FanoutPoint {
         stages,
+        submit_seconds,
         seconds: elapsed.as_secs_f64(),
         per_stage_us: elapsed.as_secs_f64() * 1e6 / (stages + 1) as f64,
         rss_at_start_mb,

@@ -278,8 +278,13 @@ impl Pipeline {
             .iter()
             .map(|s| (s.name.get_ref().as_str(), 0))
             .collect();
+        let mut out_of: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for e in edges {
             *indegree.entry(e.to_stage.as_str()).or_default() += 1;
+            out_of
+                .entry(e.from_stage.as_str())
+                .or_default()
+                .push(e.to_stage.as_str());
         }
         let mut ready: Vec<&str> = indegree
             .iter()
@@ -289,11 +294,11 @@ impl Pipeline {
         let mut done = 0;
         while let Some(stage) = ready.pop() {
             done += 1;
-            for e in edges.iter().filter(|e| e.from_stage == stage) {
-                let d = indegree.entry(e.to_stage.as_str()).or_default();
+            for &to in out_of.get(stage).into_iter().flatten() {
+                let d = indegree.entry(to).or_default();
                 *d -= 1;
                 if *d == 0 {
-                    ready.push(&e.to_stage);
+                    ready.push(to);
                 }
             }
         }

@@ -259,15 +259,6 @@ pub(crate) fn repin_refusal(
     (pinned != r.from_digest).then(|| RepinOutcome::PinMoved(pinned.to_string()))
 }
 
-/// The columns both backends select to load a stage's inputs: each binding
-/// left-joined with the artifact it names.
-pub(crate) const INPUTS_SELECT: &str = "SELECT b.input, b.from_stage, b.from_output,
-        a.run_id, a.stage, a.output, a.media_type, a.digest, a.size, a.attempt,
-        a.plugin_digest, a.created_at, a.bytes
- FROM job_inputs b
- LEFT JOIN artifacts a
-   ON a.run_id = b.run_id AND a.stage = b.from_stage AND a.output = b.from_output";
-
 pub(crate) fn loaded_input(row: &impl RowExt) -> Result<LoadedInput> {
     let artifact = match row.opt_blob("bytes")? {
         Some(bytes) => Some(Artifact {

@@ -112,6 +112,24 @@ pub struct RunSubmit {
     pub now: i64,
 }
 
+impl RunSubmit {
+    /// Each job's state and count of edges into it (`pending`) when the
+    /// run starts, in `jobs` order: `ready` without edges, else `blocked`.
+    pub(crate) fn initial_states(&self) -> Vec<(&'static str, i64)> {
+        let mut into: std::collections::HashMap<&str, i64> = Default::default();
+        for edge in &self.edges {
+            *into.entry(edge.to_stage.as_str()).or_default() += 1;
+        }
+        self.jobs
+            .iter()
+            .map(|job| match into.get(job.stage.as_str()) {
+                Some(&pending) => ("blocked", pending),
+                None => ("ready", 0),
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct NewJob {
     pub stage: String,
@@ -200,8 +218,9 @@ pub struct ClaimedJob {
     pub outputs: Vec<String>,
     pub emits: Vec<String>,
     /// The job's canonical inputs, when the claim read them in its own
-    /// transaction (Postgres, in a batch); `None` when they are still to be
-    /// read ([`Store::job_inputs_load`](super::Store::job_inputs_load)).
+    /// transaction (SQLite always, Postgres in a batch); `None` when they
+    /// are still to be read
+    /// ([`Store::job_inputs_load`](super::Store::job_inputs_load)).
     pub inputs: Option<Vec<LoadedInput>>,
 }
 

@@ -55,11 +55,6 @@ async fn in_steps(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome
 
 struct Completion<'t>(&'t mut Tx);
 
-/// One column of a set of rows, bound as one array parameter.
-fn column<'r, T, U>(rows: &'r [T], f: impl Fn(&'r T) -> U) -> Vec<U> {
-    rows.iter().map(f).collect()
-}
-
 /// The fence and the insert (`ratchet_fence_and_insert`, migration 0006):
 /// `$1`–`$3` the attempts, `$4`–`$10` the proposals.
 const FENCE_AND_INSERT: &str =

@@ -51,6 +51,11 @@ type Tx = Transaction<'static, Postgres>;
 
 type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
 
+/// One column of a set of rows, bound as one array parameter.
+fn column<'r, T, U>(rows: &'r [T], f: impl Fn(&'r T) -> U) -> Vec<U> {
+    rows.iter().map(f).collect()
+}
+
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,

@@ -22,6 +22,7 @@ pub(super) async fn submit(store: &PostgresStore, r: RunSubmit) -> Result<RunSub
             .await?;
         return Ok(RunSubmitOutcome::Existing(existing));
     }
+    let states = r.initial_states();
     let input = ArtifactPut {
         run_id: r.run_id.clone(),
         stage: RUN_INPUT_STAGE.to_string(),
@@ -34,50 +35,54 @@ pub(super) async fn submit(store: &PostgresStore, r: RunSubmit) -> Result<RunSub
         now: r.now,
     };
     artifacts::put_canonical_tx(&mut tx, input.borrowed()).await?;
-    for job in &r.jobs {
-        let pending = r.edges.iter().filter(|e| e.to_stage == job.stage).count() as i64;
-        let state = if pending == 0 { "ready" } else { "blocked" };
-        sqlx::query(
-            "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
-                               max_attempts, next_run_at, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $9)",
-        )
-        .bind(&r.run_id)
-        .bind(&job.stage)
-        .bind(&job.plugin_digest)
-        .bind(to_json(&job.outputs))
-        .bind(to_json(&job.emits))
-        .bind(state)
-        .bind(pending)
-        .bind(job.max_attempts)
-        .bind(r.now)
-        .execute(&mut *tx)
-        .await?;
-    }
-    for edge in &r.edges {
-        sqlx::query(
-            "INSERT INTO edges (run_id, from_stage, to_stage, kind) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(&r.run_id)
-        .bind(&edge.from_stage)
-        .bind(&edge.to_stage)
-        .bind(edge.kind.as_str())
-        .execute(&mut *tx)
-        .await?;
-    }
-    for b in &r.inputs {
-        sqlx::query(
-            "INSERT INTO job_inputs (run_id, stage, input, from_stage, from_output)
-             VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(&r.run_id)
-        .bind(&b.stage)
-        .bind(&b.input)
-        .bind(&b.from_stage)
-        .bind(&b.from_output)
-        .execute(&mut *tx)
-        .await?;
-    }
+    // Each table's rows in one statement, as arrays, in order: a job's id
+    // follows its place in the pipeline.
+    sqlx::query(
+        "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
+                           max_attempts, next_run_at, created_at, updated_at)
+         SELECT $1, j.stage, j.plugin_digest, j.outputs, j.emits, j.state, j.pending,
+                j.max_attempts, $2, $2, $2
+         FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[],
+                     $9::bigint[])
+              WITH ORDINALITY AS j (stage, plugin_digest, outputs, emits, state, pending,
+                                    max_attempts, n)
+         ORDER BY j.n",
+    )
+    .bind(&r.run_id)
+    .bind(r.now)
+    .bind(column(&r.jobs, |j| j.stage.as_str()))
+    .bind(column(&r.jobs, |j| j.plugin_digest.as_str()))
+    .bind(column(&r.jobs, |j| to_json(&j.outputs)))
+    .bind(column(&r.jobs, |j| to_json(&j.emits)))
+    .bind(column(&states, |(state, _)| *state))
+    .bind(column(&states, |(_, pending)| *pending))
+    .bind(column(&r.jobs, |j| j.max_attempts))
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO edges (run_id, from_stage, to_stage, kind)
+         SELECT $1, e.from_stage, e.to_stage, e.kind
+         FROM UNNEST($2::text[], $3::text[], $4::text[]) AS e (from_stage, to_stage, kind)",
+    )
+    .bind(&r.run_id)
+    .bind(column(&r.edges, |e| e.from_stage.as_str()))
+    .bind(column(&r.edges, |e| e.to_stage.as_str()))
+    .bind(column(&r.edges, |e| e.kind.as_str()))
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO job_inputs (run_id, stage, input, from_stage, from_output)
+         SELECT $1, b.stage, b.input, b.from_stage, b.from_output
+         FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[])
+              AS b (stage, input, from_stage, from_output)",
+    )
+    .bind(&r.run_id)
+    .bind(column(&r.inputs, |b| b.stage.as_str()))
+    .bind(column(&r.inputs, |b| b.input.as_str()))
+    .bind(column(&r.inputs, |b| b.from_stage.as_str()))
+    .bind(column(&r.inputs, |b| b.from_output.as_str()))
+    .execute(&mut *tx)
+    .await?;
     notify_ready(&mut *tx).await?;
     tx.commit().await?;
     Ok(RunSubmitOutcome::Created(r.run_id))

@@ -26,10 +26,44 @@ pub(super) async fn batch(store: &SqliteStore, b: &JobBatch) -> Result<JobBatchO
 
 struct Completion<'t, 'c>(&'t mut Tx<'c>);
 
-/// Sets of rows go to SQLite as one JSON array bound to one parameter and
-/// read back with `json_each`: one statement per step, whatever the size.
-fn json_rows(rows: impl IntoIterator<Item = serde_json::Value>) -> String {
-    serde_json::Value::Array(rows.into_iter().collect()).to_string()
+/// The job rows of a batch's attempts that still hold their lease: the
+/// keys are a JSON array of `[job, attempt, worker]`. `CROSS JOIN` makes
+/// SQLite start from the keys: left to choose, it walked every running job
+/// (`jobs_claimable`) and read the whole key list again for each.
+const FENCE: &str = "SELECT j.id, j.attempt, j.run_id, j.stage, j.plugin_digest, j.emits
+     FROM json_each(?) AS k CROSS JOIN jobs j ON j.id = k.value ->> 0
+     WHERE j.attempt = k.value ->> 1 AND j.lease_owner = k.value ->> 2
+       AND j.state = 'running'
+     ORDER BY j.id";
+
+fn fence_keys(attempts: &[AttemptKey<'_>]) -> String {
+    json_rows(
+        attempts
+            .iter()
+            .map(|a| serde_json::json!([a.job_id, a.attempt, a.worker])),
+    )
+}
+
+impl SqliteStore {
+    /// How SQLite runs the fence of a batch completing `jobs` (claimed by
+    /// `worker`), one line per step of `EXPLAIN QUERY PLAN`. For checking
+    /// that its cost follows the batch, not the jobs running beside it.
+    pub async fn explain_fence(&self, worker: &str, jobs: &[ClaimedJob]) -> Result<Vec<String>> {
+        let attempts: Vec<_> = jobs
+            .iter()
+            .map(|j| AttemptKey {
+                job_id: j.job_id,
+                attempt: j.attempt,
+                worker,
+            })
+            .collect();
+        let sql = format!("EXPLAIN QUERY PLAN {FENCE}");
+        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(fence_keys(&attempts))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(plan.into_iter().map(|(.., detail)| detail).collect())
+    }
 }
 
 /// Each step is a statement or two on the writer connection, in process:
@@ -89,21 +123,10 @@ impl CompletionTx for Completion<'_, '_> {
 
 impl Completion<'_, '_> {
     async fn fence(&mut self, attempts: &[AttemptKey<'_>]) -> Result<Vec<Fenced>> {
-        let keys = json_rows(
-            attempts
-                .iter()
-                .map(|a| serde_json::json!([a.job_id, a.attempt, a.worker])),
-        );
-        let rows = sqlx::query(
-            "SELECT j.id, j.attempt, j.run_id, j.stage, j.plugin_digest, j.emits
-             FROM json_each(?) AS k JOIN jobs j ON j.id = k.value ->> 0
-             WHERE j.attempt = k.value ->> 1 AND j.lease_owner = k.value ->> 2
-               AND j.state = 'running'
-             ORDER BY j.id",
-        )
-        .bind(keys)
-        .fetch_all(&mut **self.0)
-        .await?;
+        let rows = sqlx::query(FENCE)
+            .bind(fence_keys(attempts))
+            .fetch_all(&mut **self.0)
+            .await?;
         rows.iter().map(rows::fenced).collect()
     }
 

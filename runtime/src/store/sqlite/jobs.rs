@@ -104,6 +104,10 @@ pub(super) async fn claim_tx(tx: &mut Tx<'_>, c: &JobClaim) -> Result<Vec<Claime
     .bind(rows.to_string())
     .execute(&mut **tx)
     .await?;
+    let inputs = artifacts::inputs_of_claimed(tx, &claimed).await?;
+    for (job, inputs) in claimed.iter_mut().zip(inputs) {
+        job.inputs = Some(inputs);
+    }
     Ok(claimed)
 }
 

@@ -64,6 +64,12 @@ impl SqliteStore {
     }
 }
 
+/// Sets of rows go to SQLite as one JSON array bound to one parameter and
+/// read back with `json_each`: one statement per step, whatever the size.
+fn json_rows(rows: impl IntoIterator<Item = serde_json::Value>) -> String {
+    serde_json::Value::Array(rows.into_iter().collect()).to_string()
+}
+
 /// A write transaction on the writer connection, taken whole at once.
 async fn begin_write(writer: &mut SqliteConnection) -> Result<Tx<'_>> {
     Ok(writer.begin_with("BEGIN IMMEDIATE").await?)

@@ -25,6 +25,7 @@ pub(super) async fn submit(store: &SqliteStore, r: RunSubmit) -> Result<RunSubmi
     .bind(r.now)
     .execute(&mut *tx)
     .await?;
+    let states = r.initial_states();
     let input = ArtifactPut {
         run_id: r.run_id.clone(),
         stage: RUN_INPUT_STAGE.to_string(),
@@ -37,50 +38,58 @@ pub(super) async fn submit(store: &SqliteStore, r: RunSubmit) -> Result<RunSubmi
         now: r.now,
     };
     artifacts::put_canonical_tx(&mut tx, input.borrowed()).await?;
-    for job in &r.jobs {
-        let pending = r.edges.iter().filter(|e| e.to_stage == job.stage).count() as i64;
-        let state = if pending == 0 { "ready" } else { "blocked" };
-        sqlx::query(
-            "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
-                               max_attempts, next_run_at, created_at, updated_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(&r.run_id)
-        .bind(&job.stage)
-        .bind(&job.plugin_digest)
-        .bind(to_json(&job.outputs))
-        .bind(to_json(&job.emits))
-        .bind(state)
-        .bind(pending)
-        .bind(job.max_attempts)
-        .bind(r.now)
-        .bind(r.now)
-        .bind(r.now)
-        .execute(&mut *tx)
-        .await?;
-    }
-    for edge in &r.edges {
-        sqlx::query("INSERT INTO edges (run_id, from_stage, to_stage, kind) VALUES (?, ?, ?, ?)")
-            .bind(&r.run_id)
-            .bind(&edge.from_stage)
-            .bind(&edge.to_stage)
-            .bind(edge.kind.as_str())
-            .execute(&mut *tx)
-            .await?;
-    }
-    for b in &r.inputs {
-        sqlx::query(
-            "INSERT INTO job_inputs (run_id, stage, input, from_stage, from_output)
-             VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(&r.run_id)
-        .bind(&b.stage)
-        .bind(&b.input)
-        .bind(&b.from_stage)
-        .bind(&b.from_output)
-        .execute(&mut *tx)
-        .await?;
-    }
+    // Each table's rows in one statement (see `complete.rs`), in order: a
+    // job's id follows its place in the pipeline.
+    let jobs = json_rows(r.jobs.iter().zip(&states).map(|(job, (state, pending))| {
+        serde_json::json!([
+            job.stage,
+            job.plugin_digest,
+            to_json(&job.outputs),
+            to_json(&job.emits),
+            state,
+            pending,
+            job.max_attempts
+        ])
+    }));
+    sqlx::query(
+        "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
+                           max_attempts, next_run_at, created_at, updated_at)
+         SELECT ?1, j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4,
+                j.value ->> 5, j.value ->> 6, ?2, ?2, ?2
+         FROM json_each(?3) AS j ORDER BY j.key",
+    )
+    .bind(&r.run_id)
+    .bind(r.now)
+    .bind(jobs)
+    .execute(&mut *tx)
+    .await?;
+    let edges = json_rows(
+        r.edges
+            .iter()
+            .map(|e| serde_json::json!([e.from_stage, e.to_stage, e.kind.as_str()])),
+    );
+    sqlx::query(
+        "INSERT INTO edges (run_id, from_stage, to_stage, kind)
+         SELECT ?1, e.value ->> 0, e.value ->> 1, e.value ->> 2 FROM json_each(?2) AS e",
+    )
+    .bind(&r.run_id)
+    .bind(edges)
+    .execute(&mut *tx)
+    .await?;
+    let inputs = json_rows(
+        r.inputs
+            .iter()
+            .map(|b| serde_json::json!([b.stage, b.input, b.from_stage, b.from_output])),
+    );
+    sqlx::query(
+        "INSERT INTO job_inputs (run_id, stage, input, from_stage, from_output)
+         SELECT ?1, b.value ->> 0, b.value ->> 1, b.value ->> 2, b.value ->> 3
+         FROM json_each(?2) AS b",
+    )
+    .bind(&r.run_id)
+    .bind(inputs)
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(RunSubmitOutcome::Created(r.run_id))
 }

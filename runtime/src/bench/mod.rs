@@ -211,13 +211,13 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
             row.1.push(cell);
         }
     }
-    let mut out = format!("{:<40}", "");
+    let mut out = format!("{:<44}", "");
     for (name, _) in reports {
         out.push_str(&format!("{name:>18}"));
     }
     out.push('\n');
     for (label, cells) in rows {
-        out.push_str(&format!("{label:<40}"));
+        out.push_str(&format!("{label:<44}"));
         for cell in cells {
             out.push_str(&format!("{cell:>18}"));
         }

@@ -123,8 +123,8 @@ impl RunSubmit {
         self.jobs
             .iter()
             .map(|job| match into.get(job.stage.as_str()) {
-                Some(&pending) => ("blocked", pending),
-                None => ("ready", 0),
+                Some(&pending) => (JobState::Blocked.as_str(), pending),
+                None => (JobState::Ready.as_str(), 0),
             })
             .collect()
     }

@@ -148,6 +148,8 @@ async fn in_one_call(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutc
     let rows = query.fetch_all(&store.pool).await?;
     let lease_expires_at = b.claim.as_ref().map_or(0, |c| c.now + c.lease_ms);
     let (mut satisfied, mut ready, mut claimed) = (Vec::new(), Vec::new(), Vec::new());
+    // Each claimed job's place in `claimed`, for the input rows after it.
+    let mut place = std::collections::HashMap::new();
     for row in &rows {
         match row.text("kind")?.as_str() {
             "satisfied" => satisfied.push(rows::edge_satisfied(row)?),
@@ -155,11 +157,12 @@ async fn in_one_call(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutc
             "claimed" => {
                 let mut job = rows::claimed_job(row, row.int("id")?, lease_expires_at)?;
                 job.inputs = Some(Vec::new());
+                place.insert(job.job_id, claimed.len());
                 claimed.push(job);
             }
             "input" => {
                 let job_id = row.int("id")?;
-                let Some(job) = claimed.iter_mut().find(|j| j.job_id == job_id) else {
+                let Some(job) = place.get(&job_id).map(|&p| &mut claimed[p]) else {
                     return Err(StoreError::Corrupt {
                         table: "job_inputs",
                         detail: format!("an input of job {job_id}, which was not claimed"),
@@ -210,9 +213,9 @@ impl CompletionTx for Completion<'_> {
     async fn artifacts_read(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
         Ok(sqlx::query_as(
             "SELECT a.run_id, a.stage, a.output, a.digest
-         FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[]) AS k(run_id, stage, output)
-         JOIN artifacts a
-           ON a.run_id = k.run_id AND a.stage = k.stage AND a.output = k.output",
+             FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[]) AS k(run_id, stage, output)
+             JOIN artifacts a
+               ON a.run_id = k.run_id AND a.stage = k.stage AND a.output = k.output",
         )
         .bind(column(puts, |a| a.run_id))
         .bind(column(puts, |a| a.stage))

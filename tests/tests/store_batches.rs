@@ -15,6 +15,10 @@
 //! - a SQLite claim handing the inputs it read to its jobs in the wrong
 //!   order (`sqlite/jobs.rs`): a job of one run got the other run's input,
 //!   and the claimed-inputs test failed;
+//! - a SQLite claim that does not empty the writer's scratch table of
+//!   picked jobs first, and a completion that does not empty the one of
+//!   satisfied edges (`sqlite/jobs.rs`, `sqlite/complete.rs`): the
+//!   carried-over test failed;
 //! - on Postgres, `ratchet_complete_batch` without its check that each job
 //!   row is the job its claim returned (migration 0006): the completion
 //!   with a forged job was written in one call, and the one-call test
@@ -36,6 +40,7 @@ ratchet_tests::backend_tests! {
     a_group_commit_fences_each_attempt_on_its_own => fenced_each;
     an_earlier_attempt_of_a_job_in_the_same_batch_as_its_current_one_is_fenced_out => same_job_twice;
     predecessors_committed_in_one_batch_release_their_join_exactly_once => join_released_once;
+    a_claim_or_a_completion_takes_nothing_over_from_the_one_before => nothing_carried_over;
 }
 
 /// Three roots `a`, `b`, `c` and a join `j` after all three.
@@ -295,6 +300,59 @@ async fn join_released_once(backend: Backend) {
         .expect("complete");
     assert!(matches!(outcome, CompleteOutcome::Completed { .. }));
     assert_eq!(h.run_state(&run).await, "succeeded");
+    let audit = h.audit().await;
+    assert!(audit.is_clean(), "{audit:?}");
+}
+
+/// Each claim picks, and each completion satisfies, only its own rows: on
+/// SQLite they pass through the writer's scratch tables, which keep what
+/// the previous call put there until the next one empties them.
+async fn nothing_carried_over(backend: Backend) {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let Some(h) = Harness::on(backend, clock.clone()).await else {
+        return;
+    };
+    let run = fan_in(&h, clock.now_ms()).await;
+    let first = claim(h.store.as_ref(), "w", clock.now_ms(), 2).await;
+    assert_eq!(stages(&first), [("a", 1), ("b", 1)]);
+    for job in &first {
+        let outcome = h
+            .store
+            .job_complete(completion(job, "w", clock.now_ms()))
+            .await
+            .expect("complete");
+        assert!(matches!(outcome, CompleteOutcome::Completed { .. }));
+    }
+    let jobs = h.store.job_list(&run).await.expect("jobs");
+    let join = jobs.iter().find(|j| j.stage == "j").expect("join");
+    assert_eq!(
+        (join.state, join.pending),
+        (JobState::Blocked, 1),
+        "each completion took its own edge off the join, once"
+    );
+
+    let second = claim(h.store.as_ref(), "w", clock.now_ms(), 4).await;
+    assert_eq!(stages(&second), [("c", 1)], "only the job still ready");
+    let outcome = h
+        .store
+        .job_complete(completion(&second[0], "w", clock.now_ms()))
+        .await
+        .expect("complete c");
+    let CompleteOutcome::Completed { released, .. } = outcome else {
+        panic!("c holds its lease: {outcome:?}");
+    };
+    assert_eq!(released, ["j"]);
+    let jobs = h.store.job_list(&run).await.expect("jobs");
+    let states: Vec<_> = jobs.iter().map(|j| (j.stage.as_str(), j.state)).collect();
+    assert_eq!(
+        states,
+        [
+            ("a", JobState::Succeeded),
+            ("b", JobState::Succeeded),
+            ("c", JobState::Succeeded),
+            ("j", JobState::Ready)
+        ]
+    );
     let audit = h.audit().await;
     assert!(audit.is_clean(), "{audit:?}");
 }

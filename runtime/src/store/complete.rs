@@ -82,13 +82,6 @@ pub(crate) struct Success<'a> {
     pub now: i64,
 }
 
-/// Edges to take off a dependent's pending count.
-pub(crate) struct DependentRelease<'a> {
-    pub run_id: &'a str,
-    pub stage: &'a str,
-    pub edges: i64,
-}
-
 /// The steps of a batch of completions, inside one open transaction. Each
 /// takes every row of its step at once, so a batch costs the same number of
 /// round trips to the database whatever its size.
@@ -110,8 +103,8 @@ pub(crate) trait CompletionTx {
     /// new value of the order shared by claims and completions as its
     /// `succeeded_seq`, each attempt's row, and the unsatisfied edges out of
     /// each of `s.from` satisfied. Then each dependent those edges point to
-    /// loses them from its pending count ([`dependents_of`], rows locked in
-    /// `(run, stage)` order). Returns the edges satisfied and the `(run,
+    /// loses them from its pending count, one per edge (on Postgres, rows
+    /// locked in `(run, stage)` order). Returns the edges satisfied and the `(run,
     /// stage)` of each dependent that became ready.
     async fn record_success_and_release(
         &mut self,
@@ -146,25 +139,6 @@ pub(crate) fn puts_of_fenced<'a>(
                 plugin_digest: Some(&job.plugin_digest),
                 now: p.now,
             })
-        })
-        .collect()
-}
-
-/// Each dependent the satisfied edges point to, with how many of them, in
-/// `(run, stage)` order: the order its row is locked in.
-pub(crate) fn dependents_of(satisfied: &[EdgeSatisfied]) -> Vec<DependentRelease<'_>> {
-    let mut edges: BTreeMap<(&str, &str), i64> = BTreeMap::new();
-    for edge in satisfied {
-        *edges
-            .entry((edge.run_id.as_str(), edge.to_stage.as_str()))
-            .or_default() += 1;
-    }
-    edges
-        .into_iter()
-        .map(|((run_id, stage), edges)| DependentRelease {
-            run_id,
-            stage,
-            edges,
         })
         .collect()
 }

@@ -103,10 +103,10 @@ pub(super) async fn list<'e>(
 
 /// A stage's input bindings (`b`, from `job_inputs`), each with the
 /// artifact it names (`a`), or none if it is missing.
-const INPUT_COLUMNS: &str = "b.input, b.from_stage, b.from_output,
+pub(super) const INPUT_COLUMNS: &str = "b.input, b.from_stage, b.from_output,
         a.run_id, a.stage, a.output, a.media_type, a.digest, a.size, a.attempt,
         a.plugin_digest, a.created_at, a.bytes";
-const ARTIFACT_OF_INPUT: &str = "LEFT JOIN artifacts a
+pub(super) const ARTIFACT_OF_INPUT: &str = "LEFT JOIN artifacts a
    ON a.run_id = b.run_id AND a.stage = b.from_stage AND a.output = b.from_output";
 
 /// One query: every binding of the stage with the artifact it names.
@@ -124,42 +124,6 @@ pub(super) async fn inputs_load(
     .fetch_all(&store.pool)
     .await?;
     rows.iter().map(rows::loaded_input).collect()
-}
-
-/// The inputs of every job just claimed, read in the claim's transaction
-/// (one statement, instead of one read per stage after it), in claim order.
-pub(super) async fn inputs_of_claimed(
-    tx: &mut Tx<'_>,
-    jobs: &[ClaimedJob],
-) -> Result<Vec<Vec<LoadedInput>>> {
-    let keys = json_rows(jobs.iter().map(|j| serde_json::json!([j.run_id, j.stage])));
-    // `CROSS JOIN` keeps the claimed jobs outermost: each is looked up by
-    // its key, whatever the planner thinks of the tables' sizes.
-    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT k.key AS claimed, {INPUT_COLUMNS}
-         FROM json_each(?) AS k
-         CROSS JOIN job_inputs b ON b.run_id = k.value ->> 0 AND b.stage = k.value ->> 1
-         {ARTIFACT_OF_INPUT}
-         ORDER BY k.key, b.input"
-    )))
-    .bind(keys)
-    .fetch_all(&mut **tx)
-    .await?;
-    let mut inputs: Vec<Vec<LoadedInput>> = jobs.iter().map(|_| Vec::new()).collect();
-    for row in &rows {
-        let claimed: i64 = row.try_get("claimed")?;
-        let Some(of_job) = usize::try_from(claimed)
-            .ok()
-            .and_then(|i| inputs.get_mut(i))
-        else {
-            return Err(StoreError::Corrupt {
-                table: "job_inputs",
-                detail: format!("an input of claimed job #{claimed}, which is not in the claim"),
-            });
-        };
-        of_job.push(rows::loaded_input(row)?);
-    }
-    Ok(inputs)
 }
 
 pub(super) async fn model_call_put(store: &SqliteStore, m: ModelCallPut) -> Result<ModelCall> {

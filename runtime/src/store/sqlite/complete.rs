@@ -1,11 +1,10 @@
 //! The statements of a completion (`store::complete`), in SQLite's dialect.
 
-use sqlx::QueryBuilder;
+use sqlx::{QueryBuilder, Row};
 
 use super::*;
 use crate::store::complete::{
-    self, AttemptKey, CompletionTx, DependentRelease, EdgeSatisfied, Fenced, Proposal, StoredKey,
-    Success,
+    self, AttemptKey, CompletionTx, EdgeSatisfied, Fenced, Proposal, StoredKey, Success,
 };
 
 /// Artifacts per multi-row insert: ten parameters each, far below SQLite's
@@ -66,8 +65,8 @@ impl SqliteStore {
     }
 }
 
-/// Each step is a statement or two on the writer connection, in process:
-/// nothing to gain from merging them.
+/// Each step is one call on the writer connection: a call is a round trip
+/// between the writer's thread and the committer's task.
 impl CompletionTx for Completion<'_, '_> {
     async fn fence_and_insert(
         &mut self,
@@ -100,10 +99,7 @@ impl CompletionTx for Completion<'_, '_> {
         &mut self,
         s: &Success<'_>,
     ) -> Result<(Vec<EdgeSatisfied>, Vec<(String, String)>)> {
-        let satisfied = self.record_success(s).await?;
-        let dependents = complete::dependents_of(&satisfied);
-        let ready = self.dependents_release(&dependents, s.now).await?;
-        Ok((satisfied, ready))
+        self.record_success(s).await
     }
 
     async fn runs_finish_if_done(&mut self, runs: &[&str], now: i64) -> Result<()> {
@@ -168,11 +164,20 @@ impl Completion<'_, '_> {
         Ok(inserted)
     }
 
-    /// One call of five statements sharing one parameter, a JSON document
-    /// of every row (sqlx binds numbered parameters a statement skips to
-    /// the wrong values, so each statement reads `?1` only); the jobs take
-    /// consecutive values of the shared order, in the order given.
-    async fn record_success(&mut self, s: &Success<'_>) -> Result<Vec<EdgeSatisfied>> {
+    /// One call of statements sharing one parameter, a JSON document of
+    /// every row (sqlx binds numbered parameters a statement skips to the
+    /// wrong values, so each statement reads `?1` only); the jobs take
+    /// consecutive values of the shared order, in the order given. The
+    /// edges it satisfies go to the writer's scratch table `satisfied`
+    /// first: each dependent loses as many from its pending count as it
+    /// has edges there, and only edges that were unsatisfied are counted,
+    /// so a completion applied twice changes nothing (the reconciler's
+    /// recount repairs any drift). Returns the edges satisfied and the
+    /// `(run, stage)` of each dependent that became ready.
+    async fn record_success(
+        &mut self,
+        s: &Success<'_>,
+    ) -> Result<(Vec<EdgeSatisfied>, Vec<(String, String)>)> {
         let outbox: Vec<_> = s
             .outbox
             .iter()
@@ -222,54 +227,41 @@ impl Completion<'_, '_> {
              FROM json_each(?1, '$.attempts') AS a
              WHERE attempts.job_id = a.value ->> 0 AND attempts.attempt = a.value ->> 1;
 
-             UPDATE edges SET satisfied = 1
+             DELETE FROM temp.satisfied;
+
+             INSERT INTO temp.satisfied (edge, run_id, from_stage, to_stage)
+             SELECT e.rowid, e.run_id, e.from_stage, e.to_stage
              FROM json_each(?1, '$.from') AS f
-             WHERE edges.run_id = f.value ->> 0 AND edges.from_stage = f.value ->> 1
-               AND edges.satisfied = 0
-             RETURNING run_id, from_stage, to_stage",
+             CROSS JOIN edges e ON e.run_id = f.value ->> 0 AND e.from_stage = f.value ->> 1
+             WHERE e.satisfied = 0;
+
+             UPDATE edges SET satisfied = 1 WHERE rowid IN (SELECT edge FROM temp.satisfied);
+
+             UPDATE jobs SET pending = pending - d.edges,
+                    state = CASE WHEN state = 'blocked' AND pending - d.edges <= 0
+                                 THEN 'ready' ELSE state END,
+                    next_run_at = CASE WHEN state = 'blocked' AND pending - d.edges <= 0
+                                       THEN ?1 ->> '$.now' ELSE next_run_at END,
+                    updated_at = ?1 ->> '$.now'
+             FROM (SELECT run_id, to_stage, COUNT(*) AS edges FROM temp.satisfied
+                   GROUP BY run_id, to_stage) AS d
+             WHERE jobs.run_id = d.run_id AND jobs.stage = d.to_stage
+             RETURNING 'released' AS kind, run_id, stage, state;
+
+             SELECT 'satisfied' AS kind, run_id, from_stage, to_stage FROM temp.satisfied",
         )
         .bind(success.to_string())
         .fetch_all(&mut **self.0)
         .await?;
-        rows.iter().map(rows::edge_satisfied).collect()
-    }
-
-    /// Only edges that were unsatisfied are counted, so a completion applied
-    /// twice changes nothing; the reconciler's recount repairs any drift.
-    /// The `(run, stage)` of each dependent that became ready.
-    async fn dependents_release(
-        &mut self,
-        dependents: &[DependentRelease<'_>],
-        now: i64,
-    ) -> Result<Vec<(String, String)>> {
-        if dependents.is_empty() {
-            return Ok(Vec::new());
+        let (mut satisfied, mut ready) = (Vec::new(), Vec::new());
+        for row in &rows {
+            let kind: String = row.try_get("kind")?;
+            if kind == "satisfied" {
+                satisfied.push(rows::edge_satisfied(row)?);
+            } else if row.try_get::<String, _>("state")? == "ready" {
+                ready.push((row.try_get("run_id")?, row.try_get("stage")?));
+            }
         }
-        let released = json_rows(
-            dependents
-                .iter()
-                .map(|d| serde_json::json!([d.run_id, d.stage, d.edges])),
-        );
-        let ready = sqlx::query_as(
-            "UPDATE jobs SET pending = pending - (d.value ->> 2),
-                    state = CASE WHEN state = 'blocked' AND pending - (d.value ->> 2) <= 0
-                                 THEN 'ready' ELSE state END,
-                    next_run_at = CASE WHEN state = 'blocked' AND pending - (d.value ->> 2) <= 0
-                                       THEN ?2 ELSE next_run_at END,
-                    updated_at = ?2
-             FROM json_each(?1) AS d
-             WHERE jobs.run_id = d.value ->> 0 AND jobs.stage = d.value ->> 1
-             RETURNING run_id, stage, state",
-        )
-        .bind(released)
-        .bind(now)
-        .fetch_all(&mut **self.0)
-        .await?
-        .into_iter()
-        .filter_map(|(run, stage, state): (String, String, String)| {
-            (state == "ready").then_some((run, stage))
-        })
-        .collect();
-        Ok(ready)
+        Ok((satisfied, ready))
     }
 }

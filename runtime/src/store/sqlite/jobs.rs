@@ -2,6 +2,7 @@
 //! in `complete.rs`).
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
@@ -21,92 +22,107 @@ pub(super) async fn list<'e>(
 
 /// Claims up to `c.limit` jobs in one transaction: expired leases with
 /// attempts left first (a dead worker's jobs), then ready jobs, oldest due
-/// first. Each part walks `jobs_claimable` in its order (one query with an
-/// `OR` of both sorted every due job on every claim). Three calls: pick,
-/// take the jobs, then close the taken-over attempts and open the new ones.
-pub(super) async fn claim_tx(tx: &mut Tx<'_>, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
-    let picked: Vec<(i64, i64, bool)> = sqlx::query_as(
-        "SELECT id, attempt, expired FROM (
+/// first, each part walking `jobs_claimable` in its order (one query with
+/// an `OR` of both sorted every due job on every claim). One call: the
+/// picked jobs go to the writer's scratch table `claim_pick` (`n` counts
+/// from 1, in claim order), and the statements after it close the attempts
+/// whose leases expired, take the jobs, open their attempts and read back
+/// the jobs and their canonical inputs. Each statement reads only `?1`, a
+/// JSON document (see `complete.rs`).
+static CLAIM: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "DELETE FROM temp.claim_pick;
+
+         INSERT INTO temp.claim_pick (id, attempt, expired)
+         SELECT id, attempt, expired FROM (
              SELECT * FROM (SELECT id, attempt, 1 AS expired, lease_expires_at AS due FROM jobs
-                            WHERE state = 'running' AND lease_expires_at <= ?1
-                              AND attempt < max_attempts AND (?2 IS NULL OR id = ?2)
-                            ORDER BY lease_expires_at, id LIMIT ?3)
+                            WHERE state = 'running' AND lease_expires_at <= ?1 ->> '$.now'
+                              AND attempt < max_attempts
+                              AND (?1 ->> '$.only_job' IS NULL OR id = ?1 ->> '$.only_job')
+                            ORDER BY lease_expires_at, id LIMIT ?1 ->> '$.limit')
              UNION ALL
              SELECT * FROM (SELECT id, attempt, 0 AS expired, next_run_at AS due FROM jobs
-                            WHERE state = 'ready' AND next_run_at <= ?1
-                              AND (?2 IS NULL OR id = ?2)
-                            ORDER BY next_run_at, id LIMIT ?3))
-         ORDER BY expired DESC, due, id LIMIT ?3",
-    )
-    .bind(c.now)
-    .bind(c.only_job)
-    .bind(c.limit.max(1) as i64)
-    .fetch_all(&mut **tx)
-    .await?;
-    if picked.is_empty() {
-        return Ok(Vec::new());
-    }
-    let ids: Vec<i64> = picked.iter().map(|(id, _, _)| *id).collect();
-    let lease_expires_at = c.now + c.lease_ms;
-    let rows = sqlx::query(
-        "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1,
-                lease_expires_at = ?2, updated_at = ?3
-         WHERE id IN (SELECT value FROM json_each(?4))
-         RETURNING id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits",
-    )
-    .bind(&c.worker)
-    .bind(lease_expires_at)
-    .bind(c.now)
-    .bind(serde_json::Value::from(ids.clone()).to_string())
-    .fetch_all(&mut **tx)
-    .await?;
-    let mut claimed = rows
-        .iter()
-        .map(|row| rows::claimed_job(row, row.try_get("id")?, lease_expires_at))
-        .collect::<Result<Vec<_>>>()?;
-    claimed.sort_by_key(|job| ids.iter().position(|id| *id == job.job_id));
-    let expired: Vec<_> = picked
-        .iter()
-        .filter(|(_, _, expired)| *expired)
-        .map(|(id, attempt, _)| serde_json::json!([id, attempt]))
-        .collect();
-    let opened: Vec<_> = claimed
-        .iter()
-        .map(|j| serde_json::json!([j.job_id, j.attempt, j.run_id, j.stage, j.plugin_digest]))
-        .collect();
-    let rows = serde_json::json!({
-        "now": c.now,
-        "worker": c.worker,
-        "expired": expired,
-        "opened": opened,
-    });
-    // Every statement reads the one parameter (see `complete.rs`); the new
-    // attempts take consecutive values of the shared order, in claim order.
-    sqlx::query(
-        "UPDATE attempts SET outcome = 'lease_expired', finished_at = ?1 ->> '$.now',
+                            WHERE state = 'ready' AND next_run_at <= ?1 ->> '$.now'
+                              AND (?1 ->> '$.only_job' IS NULL OR id = ?1 ->> '$.only_job')
+                            ORDER BY next_run_at, id LIMIT ?1 ->> '$.limit'))
+         ORDER BY expired DESC, due, id LIMIT ?1 ->> '$.limit';
+
+         UPDATE attempts SET outcome = 'lease_expired', finished_at = ?1 ->> '$.now',
                 error = 'lease expired before the attempt finished; job taken over'
-         FROM json_each(?1, '$.expired') AS e
-         WHERE attempts.job_id = e.value ->> 0 AND attempts.attempt = e.value ->> 1
+         FROM temp.claim_pick p
+         WHERE p.expired AND attempts.job_id = p.id AND attempts.attempt = p.attempt
            AND attempts.outcome = 'running';
 
-         UPDATE counters SET value = value + json_array_length(?1, '$.opened')
+         UPDATE jobs SET state = 'running', attempt = attempt + 1,
+                lease_owner = ?1 ->> '$.worker',
+                lease_expires_at = ?1 ->> '$.lease_expires_at', updated_at = ?1 ->> '$.now'
+         WHERE id IN (SELECT id FROM temp.claim_pick);
+
+         UPDATE counters SET value = value + (SELECT COUNT(*) FROM temp.claim_pick)
          WHERE name = 'seq';
 
          INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest,
                                claim_seq, claimed_at, outcome)
-         SELECT a.value ->> 0, a.value ->> 1, a.value ->> 2, a.value ->> 3, ?1 ->> '$.worker',
-                a.value ->> 4,
+         SELECT j.id, j.attempt, j.run_id, j.stage, ?1 ->> '$.worker', j.plugin_digest,
                 (SELECT value FROM counters WHERE name = 'seq')
-                    - json_array_length(?1, '$.opened') + 1 + a.key,
+                    - (SELECT MAX(n) FROM temp.claim_pick) + p.n,
                 ?1 ->> '$.now', 'running'
-         FROM json_each(?1, '$.opened') AS a",
+         FROM temp.claim_pick p CROSS JOIN jobs j ON j.id = p.id;
+
+         SELECT 'job' AS kind, p.n AS claimed, j.id, j.run_id, j.stage, j.plugin_digest,
+                j.attempt, j.max_attempts, j.outputs, j.emits
+         FROM temp.claim_pick p CROSS JOIN jobs j ON j.id = p.id
+         ORDER BY p.n;
+
+         SELECT 'input' AS kind, p.n AS claimed, {}
+         FROM temp.claim_pick p CROSS JOIN jobs j ON j.id = p.id
+         CROSS JOIN job_inputs b ON b.run_id = j.run_id AND b.stage = j.stage
+         {}
+         ORDER BY p.n, b.input",
+        artifacts::INPUT_COLUMNS,
+        artifacts::ARTIFACT_OF_INPUT
     )
-    .bind(rows.to_string())
-    .execute(&mut **tx)
-    .await?;
-    let inputs = artifacts::inputs_of_claimed(tx, &claimed).await?;
-    for (job, inputs) in claimed.iter_mut().zip(inputs) {
-        job.inputs = Some(inputs);
+});
+
+pub(super) async fn claim_tx(tx: &mut Tx<'_>, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
+    let lease_expires_at = c.now + c.lease_ms;
+    let claim = serde_json::json!({
+        "now": c.now,
+        "only_job": c.only_job,
+        "limit": c.limit.max(1),
+        "worker": c.worker,
+        "lease_expires_at": lease_expires_at,
+    });
+    let rows = sqlx::query(sqlx::AssertSqlSafe(CLAIM.as_str()))
+        .bind(claim.to_string())
+        .fetch_all(&mut **tx)
+        .await?;
+    let mut claimed: Vec<ClaimedJob> = Vec::new();
+    let mut order: Vec<i64> = Vec::new();
+    for row in &rows {
+        let kind: String = row.try_get("kind")?;
+        let n: i64 = row.try_get("claimed")?;
+        if kind == "job" {
+            let mut job = rows::claimed_job(row, row.try_get("id")?, lease_expires_at)?;
+            job.inputs = Some(Vec::new());
+            claimed.push(job);
+            order.push(n);
+            continue;
+        }
+        // Jobs come before their inputs, both in claim order.
+        let Some(job) = order
+            .binary_search(&n)
+            .ok()
+            .and_then(|i| claimed.get_mut(i))
+        else {
+            return Err(StoreError::Corrupt {
+                table: "job_inputs",
+                detail: format!("an input of claimed job #{n}, which is not in the claim"),
+            });
+        };
+        job.inputs
+            .get_or_insert_with(Vec::new)
+            .push(rows::loaded_input(row)?);
     }
     Ok(claimed)
 }

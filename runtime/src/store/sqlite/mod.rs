@@ -49,7 +49,9 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(30))
             .foreign_keys(true)
-            .synchronous(SqliteSynchronous::Full);
+            .synchronous(SqliteSynchronous::Full)
+            // The writer's scratch tables (`WRITER_SCRATCH`) stay in memory.
+            .pragma("temp_store", "memory");
         // A SQLite connection is a file handle in this process: there is
         // nothing to test before handing it out.
         let pool = SqlitePoolOptions::new()
@@ -59,10 +61,23 @@ impl SqliteStore {
             .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
-        let writer = Arc::new(Mutex::new(options.connect().await?));
+        let mut writer = options.connect().await?;
+        sqlx::query(WRITER_SCRATCH).execute(&mut writer).await?;
+        let writer = Arc::new(Mutex::new(writer));
         Ok(Self { pool, writer })
     }
 }
+
+/// The writer connection's temporary tables, through which the statements
+/// of one call hand rows to each other: the jobs a claim picked
+/// (`jobs::claim_tx`) and the edges a batch satisfied (`complete.rs`).
+const WRITER_SCRATCH: &str = "
+    CREATE TEMP TABLE claim_pick (
+        n INTEGER PRIMARY KEY, id INTEGER NOT NULL, attempt INTEGER NOT NULL,
+        expired INTEGER NOT NULL);
+    CREATE TEMP TABLE satisfied (
+        edge INTEGER NOT NULL, run_id TEXT NOT NULL, from_stage TEXT NOT NULL,
+        to_stage TEXT NOT NULL)";
 
 /// Sets of rows go to SQLite as one JSON array bound to one parameter and
 /// read back with `json_each`: one statement per step, whatever the size.

@@ -104,8 +104,8 @@ pub(crate) trait CompletionTx {
     /// `succeeded_seq`, each attempt's row, and the unsatisfied edges out of
     /// each of `s.from` satisfied. Then each dependent those edges point to
     /// loses them from its pending count, one per edge (on Postgres, rows
-    /// locked in `(run, stage)` order). Returns the edges satisfied and the `(run,
-    /// stage)` of each dependent that became ready.
+    /// locked in `(run, stage)` order). Returns the edges satisfied and the
+    /// `(run, stage)` of each dependent that became ready.
     async fn record_success_and_release(
         &mut self,
         s: &Success<'_>,

@@ -256,10 +256,14 @@ impl Completion<'_, '_> {
         let (mut satisfied, mut ready) = (Vec::new(), Vec::new());
         for row in &rows {
             let kind: String = row.try_get("kind")?;
-            if kind == "satisfied" {
-                satisfied.push(rows::edge_satisfied(row)?);
-            } else if row.try_get::<String, _>("state")? == "ready" {
-                ready.push((row.try_get("run_id")?, row.try_get("stage")?));
+            match kind.as_str() {
+                "satisfied" => satisfied.push(rows::edge_satisfied(row)?),
+                "released" => {
+                    if row.try_get::<String, _>("state")? == "ready" {
+                        ready.push((row.try_get("run_id")?, row.try_get("stage")?));
+                    }
+                }
+                other => return Err(unknown_row("edges", other)),
             }
         }
         Ok((satisfied, ready))

@@ -102,12 +102,16 @@ pub(super) async fn claim_tx(tx: &mut Tx<'_>, c: &JobClaim) -> Result<Vec<Claime
     for row in &rows {
         let kind: String = row.try_get("kind")?;
         let n: i64 = row.try_get("claimed")?;
-        if kind == "job" {
-            let mut job = rows::claimed_job(row, row.try_get("id")?, lease_expires_at)?;
-            job.inputs = Some(Vec::new());
-            claimed.push(job);
-            order.push(n);
-            continue;
+        match kind.as_str() {
+            "job" => {
+                let mut job = rows::claimed_job(row, row.try_get("id")?, lease_expires_at)?;
+                job.inputs = Some(Vec::new());
+                claimed.push(job);
+                order.push(n);
+                continue;
+            }
+            "input" => {}
+            other => return Err(unknown_row("jobs", other)),
         }
         // Jobs come before their inputs, both in claim order.
         let Some(job) = order

@@ -211,17 +211,83 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
             row.1.push(cell);
         }
     }
-    let mut out = format!("{:<44}", "");
-    for (name, _) in reports {
-        out.push_str(&format!("{name:>18}"));
+    // Each column as wide as its widest cell, two spaces apart: a cell never
+    // runs into its neighbour, whatever the figures.
+    let label = rows
+        .iter()
+        .map(|(l, _)| l.chars().count())
+        .max()
+        .unwrap_or(0);
+    let widths: Vec<usize> = reports
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| {
+            rows.iter()
+                .map(|(_, cells)| cells.get(i).map_or(0, |c| c.chars().count()))
+                .chain([name.chars().count()])
+                .max()
+                .unwrap_or(0)
+                + 2
+        })
+        .collect();
+    let mut out = format!("{:<label$}", "");
+    for ((name, _), width) in reports.iter().zip(&widths) {
+        out.push_str(&format!("{name:>width$}"));
     }
     out.push('\n');
-    for (label, cells) in rows {
-        out.push_str(&format!("{label:<44}"));
-        for cell in cells {
-            out.push_str(&format!("{cell:>18}"));
+    for (text, cells) in &rows {
+        out.push_str(&format!("{text:<label$}"));
+        for (cell, width) in cells.iter().zip(&widths) {
+            out.push_str(&format!("{cell:>width$}"));
         }
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(scale: f64) -> BackendReport {
+        let point = |stages| FanoutPoint {
+            stages,
+            submit_seconds: 0.001 * scale,
+            seconds: 0.1 * scale,
+            per_stage_us: 123.0 * scale,
+            rss_at_start_mb: 30.0,
+            peak_rss_mb: 31.0,
+        };
+        BackendReport {
+            raw_txn_per_s: 1_000.0 * scale,
+            stage_completions_per_s: 900.0 * scale,
+            ratio: 0.9,
+            completions_per_commit: 2.0,
+            release_latency_p50_ms: 0.01,
+            release_latency_p99_ms: 0.02,
+            fanout: vec![point(20), point(200)],
+            fanout_growth: 1.0,
+            native_stage_completions_per_s: 950.0 * scale,
+            wasm_vs_native: 1.05,
+            instantiate_call_us: 11.0,
+        }
+    }
+
+    /// With fixed 18-character columns, a fan-out cell of a slow backend
+    /// ("0.100; 10.000, 12300") ran into the next column's.
+    #[test]
+    fn every_cell_of_the_table_stands_apart_from_its_neighbours() {
+        let (slow, fast) = (report(100.0), report(1.0));
+        let text = table(&[("postgres", &slow), ("sqlite", &fast)]);
+        let fanout = text
+            .lines()
+            .find(|l| l.starts_with("(3) fan-out small"))
+            .expect("fan-out row");
+        let cells = [fanout_cell(&slow.fanout[0]), fanout_cell(&fast.fanout[0])];
+        let expected = format!("  {}  {}", cells[0], cells[1]);
+        assert!(fanout.ends_with(&expected), "{fanout:?}");
+        for line in text.lines() {
+            assert_eq!(line.chars().count(), fanout.chars().count(), "{line:?}");
+        }
+    }
 }

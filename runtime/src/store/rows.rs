@@ -46,6 +46,47 @@ fn corrupt(table: &'static str, detail: impl ToString) -> StoreError {
     }
 }
 
+/// A row of a call whose statements mark their rows with a `kind`, of a
+/// kind the call does not make.
+pub(crate) fn unknown_kind(table: &'static str, kind: &str) -> StoreError {
+    corrupt(table, format!("a row of unknown kind `{kind}`"))
+}
+
+/// The jobs of a claim and their canonical inputs, from rows that give each
+/// job before its inputs and name it by a key (its place, or its id).
+#[derive(Default)]
+pub(crate) struct ClaimedRows {
+    jobs: Vec<ClaimedJob>,
+    place: std::collections::HashMap<i64, usize>,
+}
+
+impl ClaimedRows {
+    pub(crate) fn job(&mut self, key: i64, mut job: ClaimedJob) {
+        job.inputs = Some(Vec::new());
+        self.place.insert(key, self.jobs.len());
+        self.jobs.push(job);
+    }
+
+    pub(crate) fn input(&mut self, key: i64, input: LoadedInput) -> Result<()> {
+        let job = self
+            .place
+            .get(&key)
+            .and_then(|&p| self.jobs.get_mut(p))
+            .ok_or_else(|| {
+                corrupt(
+                    "job_inputs",
+                    format!("an input of claimed job {key}, which is not in the claim"),
+                )
+            })?;
+        job.inputs.get_or_insert_default().push(input);
+        Ok(())
+    }
+
+    pub(crate) fn into_jobs(self) -> Vec<ClaimedJob> {
+        self.jobs
+    }
+}
+
 pub(crate) fn json_list(table: &'static str, text: &str) -> Result<Vec<String>> {
     serde_json::from_str(text).map_err(|e| corrupt(table, e))
 }

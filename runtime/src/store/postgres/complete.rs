@@ -147,42 +147,26 @@ async fn in_one_call(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutc
     };
     let rows = query.fetch_all(&store.pool).await?;
     let lease_expires_at = b.claim.as_ref().map_or(0, |c| c.now + c.lease_ms);
-    let (mut satisfied, mut ready, mut claimed) = (Vec::new(), Vec::new(), Vec::new());
-    // Each claimed job's place in `claimed`, for the input rows after it.
-    let mut place = std::collections::HashMap::new();
+    let (mut satisfied, mut ready) = (Vec::new(), Vec::new());
+    let mut claimed = rows::ClaimedRows::default();
     for row in &rows {
         match row.text("kind")?.as_str() {
             "satisfied" => satisfied.push(rows::edge_satisfied(row)?),
             "ready" => ready.push((row.text("run_id")?, row.text("to_stage")?)),
             "claimed" => {
-                let mut job = rows::claimed_job(row, row.int("id")?, lease_expires_at)?;
-                job.inputs = Some(Vec::new());
-                place.insert(job.job_id, claimed.len());
-                claimed.push(job);
+                let job = rows::claimed_job(row, row.int("id")?, lease_expires_at)?;
+                claimed.job(job.job_id, job);
             }
-            "input" => {
-                let job_id = row.int("id")?;
-                let Some(job) = place.get(&job_id).map(|&p| &mut claimed[p]) else {
-                    return Err(StoreError::Corrupt {
-                        table: "job_inputs",
-                        detail: format!("an input of job {job_id}, which was not claimed"),
-                    });
-                };
-                job.inputs
-                    .get_or_insert_default()
-                    .push(rows::loaded_input(row)?);
-            }
-            kind => {
-                return Err(StoreError::Corrupt {
-                    table: "ratchet_complete_batch",
-                    detail: format!("a row of unknown kind `{kind}`"),
-                });
-            }
+            "input" => claimed.input(row.int("id")?, rows::loaded_input(row)?)?,
+            kind => return Err(rows::unknown_kind("ratchet_complete_batch", kind)),
         }
     }
     let (released_by, _) = complete::releases_of(&live, &satisfied, &ready)?;
     let completed = complete::outcomes(batch.len(), &live, outputs_of, released_by);
-    Ok(JobBatchOutcome { completed, claimed })
+    Ok(JobBatchOutcome {
+        completed,
+        claimed: claimed.into_jobs(),
+    })
 }
 
 /// Each step is one round trip.

@@ -263,7 +263,7 @@ impl Completion<'_, '_> {
                         ready.push((row.try_get("run_id")?, row.try_get("stage")?));
                     }
                 }
-                other => return Err(unknown_row("edges", other)),
+                other => return Err(rows::unknown_kind("edges", other)),
             }
         }
         Ok((satisfied, ready))

@@ -97,38 +97,19 @@ pub(super) async fn claim_tx(tx: &mut Tx<'_>, c: &JobClaim) -> Result<Vec<Claime
         .bind(claim.to_string())
         .fetch_all(&mut **tx)
         .await?;
-    let mut claimed: Vec<ClaimedJob> = Vec::new();
-    let mut order: Vec<i64> = Vec::new();
+    let mut claimed = rows::ClaimedRows::default();
     for row in &rows {
-        let kind: String = row.try_get("kind")?;
         let n: i64 = row.try_get("claimed")?;
-        match kind.as_str() {
-            "job" => {
-                let mut job = rows::claimed_job(row, row.try_get("id")?, lease_expires_at)?;
-                job.inputs = Some(Vec::new());
-                claimed.push(job);
-                order.push(n);
-                continue;
-            }
-            "input" => {}
-            other => return Err(unknown_row("jobs", other)),
+        match row.try_get::<String, _>("kind")?.as_str() {
+            "job" => claimed.job(
+                n,
+                rows::claimed_job(row, row.try_get("id")?, lease_expires_at)?,
+            ),
+            "input" => claimed.input(n, rows::loaded_input(row)?)?,
+            kind => return Err(rows::unknown_kind("jobs", kind)),
         }
-        // Jobs come before their inputs, both in claim order.
-        let Some(job) = order
-            .binary_search(&n)
-            .ok()
-            .and_then(|i| claimed.get_mut(i))
-        else {
-            return Err(StoreError::Corrupt {
-                table: "job_inputs",
-                detail: format!("an input of claimed job #{n}, which is not in the claim"),
-            });
-        };
-        job.inputs
-            .get_or_insert_with(Vec::new)
-            .push(rows::loaded_input(row)?);
     }
-    Ok(claimed)
+    Ok(claimed.into_jobs())
 }
 
 /// The job row, if `(job, attempt, worker)` still holds the lease.

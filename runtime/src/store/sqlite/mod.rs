@@ -85,15 +85,6 @@ fn json_rows(rows: impl IntoIterator<Item = serde_json::Value>) -> String {
     serde_json::Value::Array(rows.into_iter().collect()).to_string()
 }
 
-/// A row of a call whose statements mark their rows with a `kind`, of a
-/// kind the call does not make.
-fn unknown_row(table: &'static str, kind: &str) -> StoreError {
-    StoreError::Corrupt {
-        table,
-        detail: format!("a row of unknown kind `{kind}`"),
-    }
-}
-
 /// A write transaction on the writer connection, taken whole at once.
 async fn begin_write(writer: &mut SqliteConnection) -> Result<Tx<'_>> {
     Ok(writer.begin_with("BEGIN IMMEDIATE").await?)

@@ -68,30 +68,41 @@ pub(super) async fn submit(store: &SqliteStore, r: RunSubmit) -> Result<RunSubmi
             .iter()
             .map(|e| serde_json::json!([e.from_stage, e.to_stage, e.kind.as_str()])),
     );
-    sqlx::query(
+    insert_rows(
+        &mut tx,
         "INSERT INTO edges (run_id, from_stage, to_stage, kind)
          SELECT ?1, e.value ->> 0, e.value ->> 1, e.value ->> 2 FROM json_each(?2) AS e",
+        &r.run_id,
+        edges,
     )
-    .bind(&r.run_id)
-    .bind(edges)
-    .execute(&mut *tx)
     .await?;
     let inputs = json_rows(
         r.inputs
             .iter()
             .map(|b| serde_json::json!([b.stage, b.input, b.from_stage, b.from_output])),
     );
-    sqlx::query(
+    insert_rows(
+        &mut tx,
         "INSERT INTO job_inputs (run_id, stage, input, from_stage, from_output)
          SELECT ?1, b.value ->> 0, b.value ->> 1, b.value ->> 2, b.value ->> 3
          FROM json_each(?2) AS b",
+        &r.run_id,
+        inputs,
     )
-    .bind(&r.run_id)
-    .bind(inputs)
-    .execute(&mut *tx)
     .await?;
     tx.commit().await?;
     Ok(RunSubmitOutcome::Created(r.run_id))
+}
+
+/// A run's rows of one table in one statement: `sql` reads the run's id
+/// from `?1` and the rows, a JSON list, from `?2`.
+async fn insert_rows(tx: &mut Tx<'_>, sql: &'static str, run_id: &str, rows: String) -> Result<()> {
+    sqlx::query(sql)
+        .bind(run_id)
+        .bind(rows)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 pub(super) async fn get(store: &SqliteStore, run_id: &str) -> Result<Option<RunRow>> {

@@ -1,8 +1,12 @@
 //! Group commit: completions that arrive while one transaction commits wait
 //! and go together in the next one, with a claim for every attempt that
 //! asked for its successor: one durable commit for many stages. Nothing
-//! waits for a batch to fill, so an idle worker commits each completion at
-//! once.
+//! waits for a batch to fill, with one exception: the jobs a batch handed to
+//! its slots started together and tend to finish together, so the next
+//! batch waits up to a moment (`linger`) for as many completions as that.
+//! Without it, the first of them found the committer idle and committed
+//! almost alone, and batches alternated between nearly all the slots and
+//! one or two (ADR 0014).
 //!
 //! Where the store takes parallel writers (Postgres), each committer has a
 //! queue of its own and a run's completions always go to the same one. The
@@ -13,6 +17,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -79,13 +84,23 @@ pub(super) struct GroupCommit<C = Arc<dyn Store>> {
 
 impl<C: CommitBatch> GroupCommit<C> {
     /// `parallel` committers, each committing up to `max_batch` requests
-    /// per transaction.
-    pub(super) fn new(target: C, max_batch: usize, parallel: usize, claimer: Claimer) -> Self {
+    /// per transaction, and waiting up to `linger` for the completions of
+    /// the jobs its last batch claimed.
+    pub(super) fn new(
+        target: C,
+        max_batch: usize,
+        parallel: usize,
+        linger: Duration,
+        claimer: Claimer,
+    ) -> Self {
+        let parallel = parallel.max(1);
         Self {
-            parallel: parallel.max(1),
+            parallel,
             committer: Arc::new(Committer {
                 target,
                 max_batch: max_batch.max(1),
+                parallel,
+                linger,
                 stats: Arc::default(),
                 claimer,
             }),
@@ -104,16 +119,14 @@ impl<C: CommitBatch> GroupCommit<C> {
     pub(super) async fn complete(&self, run_id: &str, c: JobComplete, claim_next: bool) -> Answer {
         let queues = self.queues.get_or_init(|| {
             (0..self.parallel)
-                .map(|_| {
+                .map(|index| {
                     let (send, receive) = mpsc::unbounded_channel();
-                    tokio::spawn(self.committer.clone().run(receive));
+                    tokio::spawn(self.committer.clone().run(index, receive));
                     send
                 })
                 .collect()
         });
-        let mut hasher = DefaultHasher::new();
-        run_id.hash(&mut hasher);
-        let queue = &queues[(hasher.finish() % queues.len() as u64) as usize];
+        let queue = &queues[queue_of(run_id, self.parallel)];
         let (reply, answer) = oneshot::channel();
         let request = Request {
             complete: c,
@@ -130,31 +143,71 @@ impl<C: CommitBatch> GroupCommit<C> {
     }
 }
 
+/// The committer a run's completions go to, of `parallel`.
+fn queue_of(run_id: &str, parallel: usize) -> usize {
+    let mut hasher = DefaultHasher::new();
+    run_id.hash(&mut hasher);
+    (hasher.finish() % parallel as u64) as usize
+}
+
 struct Committer<C> {
     target: C,
     max_batch: usize,
+    parallel: usize,
+    linger: Duration,
     stats: Arc<CommitStats>,
     claimer: Claimer,
 }
 
 impl<C: CommitBatch> Committer<C> {
     /// Takes what is waiting and commits it, until the queue's sender is
-    /// gone.
-    async fn run(self: Arc<Self>, mut queue: mpsc::UnboundedReceiver<Request>) {
+    /// gone. `index` is this committer's queue.
+    async fn run(self: Arc<Self>, index: usize, mut queue: mpsc::UnboundedReceiver<Request>) {
         let mut waiting = Vec::with_capacity(self.max_batch);
+        // The jobs the last batch claimed for slots whose completions come
+        // to this queue: they started together.
+        let mut cohort = 0;
         loop {
             let taken = queue.recv_many(&mut waiting, self.max_batch).await;
             if taken == 0 {
                 return;
             }
+            self.gather(&mut queue, &mut waiting, cohort).await;
             let (completions, waiters): (Vec<_>, Vec<_>) =
                 waiting.drain(..).map(|r| (r.complete, r.waiter)).unzip();
             let answers = self.commit(completions, &waiters).await;
+            cohort = answers
+                .iter()
+                .filter_map(|a| a.as_ref().ok()?.1.as_ref())
+                .filter(|job| queue_of(&job.run_id, self.parallel) == index)
+                .count();
             for (waiter, answer) in waiters.into_iter().zip(answers) {
                 // The attempt that asked may be gone (a worker shutting
                 // down): what was committed stays committed, and a job
                 // claimed for it is taken over when its lease expires.
                 let _ = waiter.reply.send(answer);
+            }
+        }
+    }
+
+    /// Waits up to `linger` until `waiting` holds as many requests as the
+    /// cohort (at most a batch), or the queue closes.
+    async fn gather(
+        &self,
+        queue: &mut mpsc::UnboundedReceiver<Request>,
+        waiting: &mut Vec<Request>,
+        cohort: usize,
+    ) {
+        let want = cohort.min(self.max_batch);
+        if waiting.len() >= want || self.linger.is_zero() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + self.linger;
+        while waiting.len() < want {
+            let room = self.max_batch - waiting.len();
+            match tokio::time::timeout_at(deadline, queue.recv_many(waiting, room)).await {
+                Ok(taken) if taken > 0 => {}
+                _ => return,
             }
         }
     }
@@ -298,6 +351,37 @@ mod tests {
 
     type Batches = Vec<(Vec<i64>, usize)>;
 
+    /// Holds the commit of job 0, queues each `(job, claim_next)` behind
+    /// it, lets it go, and returns every answer, job 0's first.
+    async fn hold_first_queue_then_open(
+        commits: &Arc<GroupCommit<Gate>>,
+        jobs: impl Iterator<Item = (i64, bool)>,
+    ) -> Vec<Answer> {
+        let first = tokio::spawn({
+            let commits = commits.clone();
+            async move { commits.complete("r", completion(0), false).await }
+        });
+        commits.committer.target.entered.notified().await;
+        let mut queued = Vec::new();
+        for (job, claim_next) in jobs {
+            let commits = commits.clone();
+            let (sent, was_sent) = oneshot::channel();
+            queued.push(tokio::spawn(async move {
+                let answer = commits.complete("r", completion(job), claim_next);
+                let mut answer = std::pin::pin!(answer);
+                // Polled once, the request is on the queue.
+                let _ = futures_poll_once(answer.as_mut()).await;
+                let _ = sent.send(());
+                answer.await
+            }));
+            was_sent.await.expect("queued");
+        }
+        commits.committer.target.open.notify_one();
+        let mut answers = vec![first.await.expect("first")];
+        answers.extend(futures_join(queued).await);
+        answers
+    }
+
     /// Holds the first commit, queues `later` more behind it, lets it go,
     /// and returns every answer with the batches the target saw.
     /// All of one run, through `parallel` committers.
@@ -312,31 +396,15 @@ mod tests {
             clock: Arc::new(ManualClock::new(0)),
             probe: None,
         };
-        let commits = Arc::new(GroupCommit::new(gate, 64, parallel, claimer));
-        let first = tokio::spawn({
-            let commits = commits.clone();
-            async move { commits.complete("r", completion(0), false).await }
-        });
-        commits.committer.target.entered.notified().await;
-        let mut queued = Vec::new();
-        for job in 1..=later {
-            let commits = commits.clone();
-            let (sent, was_sent) = oneshot::channel();
-            queued.push(tokio::spawn(async move {
-                let answer = commits.complete("r", completion(job), wants_next(job));
-                let mut answer = std::pin::pin!(answer);
-                // Polled once, the request is on the queue.
-                let _ = futures_poll_once(answer.as_mut()).await;
-                let _ = sent.send(());
-                answer.await
-            }));
-            was_sent.await.expect("queued");
-        }
-        commits.committer.target.open.notify_one();
-        let mut answers = vec![first.await.expect("first")];
-        for q in queued {
-            answers.push(q.await.expect("queued answer"));
-        }
+        let commits = Arc::new(GroupCommit::new(
+            gate,
+            64,
+            parallel,
+            Duration::ZERO,
+            claimer,
+        ));
+        let answers =
+            hold_first_queue_then_open(&commits, (1..=later).map(|j| (j, wants_next(j)))).await;
         let batches = commits
             .committer
             .target
@@ -380,6 +448,85 @@ mod tests {
         let (answers, batches) = hold_first_then_queue(Gate::default(), 5, 4).await;
         assert_eq!(batches, vec![(vec![0], 0), (vec![1, 2, 3, 4, 5], 3)]);
         assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    }
+
+    /// A committer with `linger` whose second batch claimed jobs 100, 101
+    /// and 102 for the slots of jobs 1, 2 and 3: the first batch (job 0)
+    /// is held until those three are queued behind it.
+    async fn committer_with_a_cohort_of_three(linger: Duration) -> Arc<GroupCommit<Gate>> {
+        let claimer = Claimer {
+            worker: "w".into(),
+            lease_ms: 1_000,
+            clock: Arc::new(ManualClock::new(0)),
+            probe: None,
+        };
+        let commits = Arc::new(GroupCommit::new(Gate::default(), 64, 1, linger, claimer));
+        let answers = hold_first_queue_then_open(&commits, (1..=3).map(|j| (j, true))).await;
+        let claimed: Vec<i64> = answers[1..]
+            .iter()
+            .map(|a| {
+                a.as_ref()
+                    .expect("answer")
+                    .1
+                    .as_ref()
+                    .expect("a successor")
+                    .job_id
+            })
+            .collect();
+        assert_eq!(claimed, [100, 101, 102]);
+        commits
+    }
+
+    async fn futures_join<T>(handles: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+        let mut out = Vec::with_capacity(handles.len());
+        for h in handles {
+            out.push(h.await.expect("task"));
+        }
+        out
+    }
+
+    /// Completes `jobs` one after another, each once the committer had
+    /// time to take the one before; the batches the target saw after the
+    /// first two.
+    async fn complete_in_turn(commits: &Arc<GroupCommit<Gate>>, jobs: &[i64]) -> Batches {
+        let mut answers = Vec::new();
+        for &job in jobs {
+            let commits = commits.clone();
+            answers.push(tokio::spawn(async move {
+                commits.complete("r", completion(job), false).await
+            }));
+            for _ in 0..16 {
+                tokio::task::yield_now().await;
+            }
+        }
+        for answer in futures_join(answers).await {
+            answer.expect("completed");
+        }
+        let batches = commits.committer.target.batches.lock().expect("batches");
+        batches[2..].to_vec()
+    }
+
+    /// The slots a batch handed jobs to finish at nearly the same moment.
+    /// Without waiting for them, the first found the committer idle and
+    /// committed alone, and batches alternated between nearly every slot
+    /// and one.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_jobs_a_batch_claimed_are_committed_together_though_one_finishes_first() {
+        let commits = committer_with_a_cohort_of_three(Duration::from_secs(60)).await;
+        let batches = complete_in_turn(&commits, &[100, 101, 102]).await;
+        assert_eq!(batches, vec![(vec![100, 101, 102], 0)]);
+    }
+
+    /// A slot whose job fails or runs long never sends its completion: the
+    /// others are committed once the linger is over.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_cohort_that_does_not_all_come_is_committed_after_the_linger() {
+        let commits = committer_with_a_cohort_of_three(Duration::from_millis(5)).await;
+        let batches =
+            tokio::time::timeout(Duration::from_secs(60), complete_in_turn(&commits, &[100]))
+                .await
+                .expect("committed once the linger was over, not when the cohort came");
+        assert_eq!(batches, vec![(vec![100], 0)]);
     }
 
     #[tokio::test]

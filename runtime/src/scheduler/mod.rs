@@ -58,6 +58,9 @@ pub struct SchedulerConfig {
     pub backoff: Backoff,
     /// Most completions committed in one transaction.
     pub commit_batch: usize,
+    /// Longest a commit waits for the completions of the jobs the previous
+    /// one claimed (zero: never waits; see `group_commit`).
+    pub commit_linger: std::time::Duration,
 }
 
 impl SchedulerConfig {
@@ -67,6 +70,7 @@ impl SchedulerConfig {
             lease_ms: 60_000,
             backoff: Backoff::default(),
             commit_batch: 64,
+            commit_linger: std::time::Duration::from_millis(1),
         }
     }
 }
@@ -418,7 +422,13 @@ fn group_commit(
         probe,
     };
     let parallel = store.write_concurrency();
-    GroupCommit::new(store.clone(), config.commit_batch, parallel, claimer)
+    GroupCommit::new(
+        store.clone(),
+        config.commit_batch,
+        parallel,
+        config.commit_linger,
+        claimer,
+    )
 }
 
 fn log_outcome(job: &ClaimedJob, outcome: &AttemptOutcome) {

@@ -24,8 +24,6 @@ pub(crate) struct AttemptKey<'a> {
 pub(crate) struct Proposal<'a> {
     pub job_id: i64,
     pub attempt: i64,
-    /// Who claimed the attempt: it stores nothing unless it holds the lease.
-    pub worker: &'a str,
     pub output: &'a str,
     pub media_type: &'a str,
     pub bytes: &'a [u8],
@@ -172,7 +170,6 @@ impl<'a> Plan<'a> {
                 c.outputs.iter().map(move |proposed| Proposal {
                     job_id: c.job_id,
                     attempt: c.attempt,
-                    worker: &c.worker,
                     output: &proposed.name,
                     media_type: &proposed.media_type,
                     bytes: &proposed.bytes,

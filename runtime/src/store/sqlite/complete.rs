@@ -1,55 +1,35 @@
 //! The statements of a completion (`store::complete`), in SQLite's dialect.
 
-use std::sync::LazyLock;
-
-use sqlx::Row;
-use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{QueryBuilder, Row};
 
 use super::*;
 use crate::store::complete::{
     self, AttemptKey, CompletionTx, EdgeSatisfied, Fenced, Proposal, StoredKey, Success,
 };
 
-/// Artifacts per multi-row insert: nine parameters each, far below
-/// SQLite's limit on bound parameters.
+/// Artifacts per multi-row insert: ten parameters each, far below SQLite's
+/// limit on bound parameters.
 const ARTIFACT_ROWS_PER_INSERT: usize = 256;
 
-/// A batch is four calls on the writer: `BEGIN`, the fence with the
-/// artifacts' insert, the success with its releases and the claim, and
-/// `COMMIT` (and one more where it may finish a run). The claim rides on
-/// the success's call; in a batch whose attempts were all fenced out there
-/// is no success, and the claim is a call of its own.
 pub(super) async fn batch(store: &SqliteStore, b: &JobBatch) -> Result<JobBatchOutcome> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
-    let mut completion = Completion {
-        tx: &mut tx,
-        claim: b.claim.as_ref(),
-        claimed: None,
-    };
-    let completed = complete::complete_many(&mut completion, &b.completions).await?;
-    let claimed = match (completion.claimed, &b.claim) {
-        (Some(claimed), _) => claimed,
-        (None, Some(claim)) => jobs::claim_tx(&mut tx, claim).await?,
-        (None, None) => Vec::new(),
+    let completed = complete::complete_many(&mut Completion(&mut tx), &b.completions).await?;
+    let claimed = match &b.claim {
+        Some(claim) => jobs::claim_tx(&mut tx, claim).await?,
+        None => Vec::new(),
     };
     tx.commit().await?;
     Ok(JobBatchOutcome { completed, claimed })
 }
 
-struct Completion<'t, 'c, 'b> {
-    tx: &'t mut Tx<'c>,
-    /// The batch's claim, until the success's call has made it.
-    claim: Option<&'b JobClaim>,
-    claimed: Option<Vec<ClaimedJob>>,
-}
+struct Completion<'t, 'c>(&'t mut Tx<'c>);
 
 /// The job rows of a batch's attempts that still hold their lease: the
 /// keys are a JSON array of `[job, attempt, worker]`. `CROSS JOIN` makes
 /// SQLite start from the keys: left to choose, it walked every running job
 /// (`jobs_claimable`) and read the whole key list again for each.
-const FENCE: &str = "SELECT 'fenced' AS kind, j.id, j.attempt, j.run_id, j.stage, j.plugin_digest,
-            j.emits
+const FENCE: &str = "SELECT j.id, j.attempt, j.run_id, j.stage, j.plugin_digest, j.emits
      FROM json_each(?) AS k CROSS JOIN jobs j ON j.id = k.value ->> 0
      WHERE j.attempt = k.value ->> 1 AND j.lease_owner = k.value ->> 2
        AND j.state = 'running'
@@ -61,52 +41,6 @@ fn fence_keys(attempts: &[AttemptKey<'_>]) -> String {
             .iter()
             .map(|a| serde_json::json!([a.job_id, a.attempt, a.worker])),
     )
-}
-
-/// A multi-row insert of `rows` proposals (bound by [`bind_proposals`]),
-/// each stored only if its job row holds the attempt's lease, under that
-/// row's run and stage. The bytes are bound as blobs, which a JSON
-/// document cannot carry.
-fn artifacts_insert_sql(rows: usize) -> String {
-    let values = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows].join(", ");
-    format!(
-        "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size, attempt,
-                                plugin_digest, created_at)
-         SELECT j.run_id, j.stage, v.column4, v.column5, v.column6, v.column7, v.column8,
-                j.attempt, j.plugin_digest, v.column9
-         FROM (VALUES {values}) AS v CROSS JOIN jobs j ON j.id = v.column1
-         WHERE j.attempt = v.column2 AND j.lease_owner = v.column3 AND j.state = 'running'
-         ON CONFLICT (run_id, stage, output) DO NOTHING
-         RETURNING 'inserted' AS kind, run_id, stage, output, digest"
-    )
-}
-
-fn bind_proposals<'q>(
-    mut query: sqlx::query::Query<'q, Sqlite, SqliteArguments>,
-    proposals: &[Proposal<'q>],
-) -> sqlx::query::Query<'q, Sqlite, SqliteArguments> {
-    for p in proposals {
-        query = query
-            .bind(p.job_id)
-            .bind(p.attempt)
-            .bind(p.worker)
-            .bind(p.output)
-            .bind(p.media_type)
-            .bind(p.bytes)
-            .bind(p.digest)
-            .bind(p.bytes.len() as i64)
-            .bind(p.now);
-    }
-    query
-}
-
-fn stored_key(row: &SqliteRow) -> Result<StoredKey> {
-    Ok((
-        row.try_get("run_id")?,
-        row.try_get("stage")?,
-        row.try_get("output")?,
-        row.try_get("digest")?,
-    ))
 }
 
 impl SqliteStore {
@@ -133,43 +67,15 @@ impl SqliteStore {
 
 /// Each step is one call on the writer connection: a call is a round trip
 /// between the writer's thread and the committer's task.
-impl CompletionTx for Completion<'_, '_, '_> {
-    /// One call: the fence, then the proposals inserted where their job
-    /// row holds the lease (the insert fences itself, in the same read of
-    /// the same rows). Past [`ARTIFACT_ROWS_PER_INSERT`] proposals, each
-    /// further chunk is a call of its own.
+impl CompletionTx for Completion<'_, '_> {
     async fn fence_and_insert(
         &mut self,
         attempts: &[AttemptKey<'_>],
         proposals: &[Proposal<'_>],
     ) -> Result<(Vec<Fenced>, Vec<StoredKey>)> {
-        let (mut fenced, mut inserted) = (Vec::new(), Vec::new());
-        let mut chunks = proposals.chunks(ARTIFACT_ROWS_PER_INSERT);
-        let first = chunks.next().unwrap_or_default();
-        let mut sql = format!("{FENCE};\n");
-        if !first.is_empty() {
-            sql.push_str(&artifacts_insert_sql(first.len()));
-        }
-        let rows = bind_proposals(
-            sqlx::query(sqlx::AssertSqlSafe(sql)).bind(fence_keys(attempts)),
-            first,
-        )
-        .fetch_all(&mut **self.tx)
-        .await?;
-        for row in &rows {
-            match row.try_get::<String, _>("kind")?.as_str() {
-                "fenced" => fenced.push(rows::fenced(row)?),
-                "inserted" => inserted.push(stored_key(row)?),
-                other => return Err(rows::unknown_kind("artifacts", other)),
-            }
-        }
-        for chunk in chunks {
-            let sql = artifacts_insert_sql(chunk.len());
-            let rows = bind_proposals(sqlx::query(sqlx::AssertSqlSafe(sql)), chunk)
-                .fetch_all(&mut **self.tx)
-                .await?;
-            inserted.extend(rows.iter().map(stored_key).collect::<Result<Vec<_>>>()?);
-        }
+        let fenced = self.fence(attempts).await?;
+        let puts = complete::puts_of_fenced(&fenced, proposals);
+        let inserted = self.artifacts_insert(&puts).await?;
         Ok((fenced, inserted))
     }
 
@@ -185,7 +91,7 @@ impl CompletionTx for Completion<'_, '_, '_> {
               AND a.output = k.value ->> 2",
         )
         .bind(keys)
-        .fetch_all(&mut **self.tx)
+        .fetch_all(&mut **self.0)
         .await?)
     }
 
@@ -205,13 +111,59 @@ impl CompletionTx for Completion<'_, '_, '_> {
         )
         .bind(now)
         .bind(json_rows(runs.iter().map(|run| serde_json::json!(run))))
-        .execute(&mut **self.tx)
+        .execute(&mut **self.0)
         .await?;
         Ok(())
     }
 }
 
-impl Completion<'_, '_, '_> {
+impl Completion<'_, '_> {
+    async fn fence(&mut self, attempts: &[AttemptKey<'_>]) -> Result<Vec<Fenced>> {
+        let rows = sqlx::query(FENCE)
+            .bind(fence_keys(attempts))
+            .fetch_all(&mut **self.0)
+            .await?;
+        rows.iter().map(rows::fenced).collect()
+    }
+
+    /// Multi-row inserts: the bytes are bound as blobs, which a JSON array
+    /// cannot carry.
+    async fn artifacts_insert(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
+        if puts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inserted = Vec::with_capacity(puts.len());
+        for chunk in puts.chunks(ARTIFACT_ROWS_PER_INSERT) {
+            let mut insert = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
+                                        attempt, plugin_digest, created_at) ",
+            );
+            insert.push_values(chunk, |mut row, a| {
+                row.push_bind(a.run_id)
+                    .push_bind(a.stage)
+                    .push_bind(a.output)
+                    .push_bind(a.media_type)
+                    .push_bind(a.bytes)
+                    .push_bind(a.digest)
+                    .push_bind(a.bytes.len() as i64)
+                    .push_bind(a.attempt)
+                    .push_bind(a.plugin_digest)
+                    .push_bind(a.now);
+            });
+            insert.push(
+                " ON CONFLICT (run_id, stage, output) DO NOTHING
+                 RETURNING run_id, stage, output, digest",
+            );
+            inserted.extend(
+                insert
+                    .build_query_as::<StoredKey>()
+                    .fetch_all(&mut **self.0)
+                    .await?,
+            );
+        }
+        Ok(inserted)
+    }
+
     /// One call of statements sharing one parameter, a JSON document of
     /// every row (sqlx binds numbered parameters a statement skips to the
     /// wrong values, so each statement reads `?1` only); the jobs take
@@ -221,8 +173,7 @@ impl Completion<'_, '_, '_> {
     /// has edges there, and only edges that were unsatisfied are counted,
     /// so a completion applied twice changes nothing (the reconciler's
     /// recount repairs any drift). Returns the edges satisfied and the
-    /// `(run, stage)` of each dependent that became ready. The batch's claim,
-    /// if it has one, is made in the same call, after the releases.
+    /// `(run, stage)` of each dependent that became ready.
     async fn record_success(
         &mut self,
         s: &Success<'_>,
@@ -247,49 +198,15 @@ impl Completion<'_, '_, '_> {
                 ])
             })
             .collect();
-        let claim = self.claim.take();
         let success = serde_json::json!({
             "outbox": outbox,
             "jobs": s.job_ids,
             "now": s.now,
             "attempts": attempts,
             "from": s.from,
-            "claim": claim.map(jobs::claim_document),
         });
-        let sql = match claim {
-            Some(_) => SUCCESS_THEN_CLAIM.as_str(),
-            None => SUCCESS,
-        };
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(success.to_string())
-            .fetch_all(&mut **self.tx)
-            .await?;
-        let (mut satisfied, mut ready) = (Vec::new(), Vec::new());
-        let mut claimed = rows::ClaimedRows::default();
-        for row in &rows {
-            let kind: String = row.try_get("kind")?;
-            match kind.as_str() {
-                "satisfied" => satisfied.push(rows::edge_satisfied(row)?),
-                "released" => {
-                    if row.try_get::<String, _>("state")? == "ready" {
-                        ready.push((row.try_get("run_id")?, row.try_get("stage")?));
-                    }
-                }
-                _ => match claim {
-                    Some(c) if jobs::claimed_row(&mut claimed, row, &kind, c)? => {}
-                    _ => return Err(rows::unknown_kind("edges", &kind)),
-                },
-            }
-        }
-        if claim.is_some() {
-            self.claimed = Some(claimed.into_jobs());
-        }
-        Ok((satisfied, ready))
-    }
-}
-
-/// The statements of a success (`Completion::record_success`).
-const SUCCESS: &str = "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
+        let rows = sqlx::query(
+            "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
              SELECT o.value ->> 0, o.value ->> 1, o.value ->> 2, o.value ->> 3, o.value ->> 4,
                     o.value ->> 5
              FROM json_each(?1, '$.outbox') AS o WHERE true
@@ -331,8 +248,24 @@ const SUCCESS: &str = "INSERT INTO outbox (dedup_key, run_id, stage, event, payl
              WHERE jobs.run_id = d.run_id AND jobs.stage = d.to_stage
              RETURNING 'released' AS kind, run_id, stage, state;
 
-             SELECT 'satisfied' AS kind, run_id, from_stage, to_stage FROM temp.satisfied";
-
-/// A success, then the claim of its batch (at `$.claim`).
-static SUCCESS_THEN_CLAIM: LazyLock<String> =
-    LazyLock::new(|| format!("{SUCCESS};\n{}", jobs::claim_statements("$.claim")));
+             SELECT 'satisfied' AS kind, run_id, from_stage, to_stage FROM temp.satisfied",
+        )
+        .bind(success.to_string())
+        .fetch_all(&mut **self.0)
+        .await?;
+        let (mut satisfied, mut ready) = (Vec::new(), Vec::new());
+        for row in &rows {
+            let kind: String = row.try_get("kind")?;
+            match kind.as_str() {
+                "satisfied" => satisfied.push(rows::edge_satisfied(row)?),
+                "released" => {
+                    if row.try_get::<String, _>("state")? == "ready" {
+                        ready.push((row.try_get("run_id")?, row.try_get("stage")?));
+                    }
+                }
+                other => return Err(rows::unknown_kind("edges", other)),
+            }
+        }
+        Ok((satisfied, ready))
+    }
+}

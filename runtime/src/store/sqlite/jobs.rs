@@ -28,36 +28,34 @@ pub(super) async fn list<'e>(
 /// from 1, in claim order), and the statements after it close the attempts
 /// whose leases expired, take the jobs, open their attempts and read back
 /// the jobs and their canonical inputs. Each statement reads only `?1`, a
-/// JSON document (see `complete.rs`): the claim's fields are at `root` in
-/// it, `$` when the claim is the whole document ([`claim_document`]).
-pub(super) fn claim_statements(root: &str) -> String {
-    let (columns, artifact) = (artifacts::INPUT_COLUMNS, artifacts::ARTIFACT_OF_INPUT);
+/// JSON document (see `complete.rs`).
+static CLAIM: LazyLock<String> = LazyLock::new(|| {
     format!(
         "DELETE FROM temp.claim_pick;
 
          INSERT INTO temp.claim_pick (id, attempt, expired)
          SELECT id, attempt, expired FROM (
              SELECT * FROM (SELECT id, attempt, 1 AS expired, lease_expires_at AS due FROM jobs
-                            WHERE state = 'running' AND lease_expires_at <= ?1 ->> '{root}.now'
+                            WHERE state = 'running' AND lease_expires_at <= ?1 ->> '$.now'
                               AND attempt < max_attempts
-                              AND (?1 ->> '{root}.only_job' IS NULL OR id = ?1 ->> '{root}.only_job')
-                            ORDER BY lease_expires_at, id LIMIT ?1 ->> '{root}.limit')
+                              AND (?1 ->> '$.only_job' IS NULL OR id = ?1 ->> '$.only_job')
+                            ORDER BY lease_expires_at, id LIMIT ?1 ->> '$.limit')
              UNION ALL
              SELECT * FROM (SELECT id, attempt, 0 AS expired, next_run_at AS due FROM jobs
-                            WHERE state = 'ready' AND next_run_at <= ?1 ->> '{root}.now'
-                              AND (?1 ->> '{root}.only_job' IS NULL OR id = ?1 ->> '{root}.only_job')
-                            ORDER BY next_run_at, id LIMIT ?1 ->> '{root}.limit'))
-         ORDER BY expired DESC, due, id LIMIT ?1 ->> '{root}.limit';
+                            WHERE state = 'ready' AND next_run_at <= ?1 ->> '$.now'
+                              AND (?1 ->> '$.only_job' IS NULL OR id = ?1 ->> '$.only_job')
+                            ORDER BY next_run_at, id LIMIT ?1 ->> '$.limit'))
+         ORDER BY expired DESC, due, id LIMIT ?1 ->> '$.limit';
 
-         UPDATE attempts SET outcome = 'lease_expired', finished_at = ?1 ->> '{root}.now',
+         UPDATE attempts SET outcome = 'lease_expired', finished_at = ?1 ->> '$.now',
                 error = 'lease expired before the attempt finished; job taken over'
          FROM temp.claim_pick p
          WHERE p.expired AND attempts.job_id = p.id AND attempts.attempt = p.attempt
            AND attempts.outcome = 'running';
 
          UPDATE jobs SET state = 'running', attempt = attempt + 1,
-                lease_owner = ?1 ->> '{root}.worker',
-                lease_expires_at = ?1 ->> '{root}.lease_expires_at', updated_at = ?1 ->> '{root}.now'
+                lease_owner = ?1 ->> '$.worker',
+                lease_expires_at = ?1 ->> '$.lease_expires_at', updated_at = ?1 ->> '$.now'
          WHERE id IN (SELECT id FROM temp.claim_pick);
 
          UPDATE counters SET value = value + (SELECT COUNT(*) FROM temp.claim_pick)
@@ -65,10 +63,10 @@ pub(super) fn claim_statements(root: &str) -> String {
 
          INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest,
                                claim_seq, claimed_at, outcome)
-         SELECT j.id, j.attempt, j.run_id, j.stage, ?1 ->> '{root}.worker', j.plugin_digest,
+         SELECT j.id, j.attempt, j.run_id, j.stage, ?1 ->> '$.worker', j.plugin_digest,
                 (SELECT value FROM counters WHERE name = 'seq')
                     - (SELECT MAX(n) FROM temp.claim_pick) + p.n,
-                ?1 ->> '{root}.now', 'running'
+                ?1 ->> '$.now', 'running'
          FROM temp.claim_pick p CROSS JOIN jobs j ON j.id = p.id;
 
          SELECT 'job' AS kind, p.n AS claimed, j.id, j.run_id, j.stage, j.plugin_digest,
@@ -76,59 +74,42 @@ pub(super) fn claim_statements(root: &str) -> String {
          FROM temp.claim_pick p CROSS JOIN jobs j ON j.id = p.id
          ORDER BY p.n;
 
-         SELECT 'input' AS kind, p.n AS claimed, {columns}
+         SELECT 'input' AS kind, p.n AS claimed, {}
          FROM temp.claim_pick p CROSS JOIN jobs j ON j.id = p.id
          CROSS JOIN job_inputs b ON b.run_id = j.run_id AND b.stage = j.stage
-         {artifact}
+         {}
          ORDER BY p.n, b.input",
+        artifacts::INPUT_COLUMNS,
+        artifacts::ARTIFACT_OF_INPUT
     )
-}
+});
 
-static CLAIM: LazyLock<String> = LazyLock::new(|| claim_statements("$"));
-
-/// The fields of `c` that [`claim_statements`] read.
-pub(super) fn claim_document(c: &JobClaim) -> serde_json::Value {
-    serde_json::json!({
+pub(super) async fn claim_tx(tx: &mut Tx<'_>, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
+    let lease_expires_at = c.now + c.lease_ms;
+    let claim = serde_json::json!({
         "now": c.now,
         "only_job": c.only_job,
         "limit": c.limit.max(1),
         "worker": c.worker,
-        "lease_expires_at": c.now + c.lease_ms,
-    })
-}
-
-pub(super) async fn claim_tx(tx: &mut Tx<'_>, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
+        "lease_expires_at": lease_expires_at,
+    });
     let rows = sqlx::query(sqlx::AssertSqlSafe(CLAIM.as_str()))
-        .bind(claim_document(c).to_string())
+        .bind(claim.to_string())
         .fetch_all(&mut **tx)
         .await?;
     let mut claimed = rows::ClaimedRows::default();
     for row in &rows {
-        let kind: String = row.try_get("kind")?;
-        if !claimed_row(&mut claimed, row, &kind, c)? {
-            return Err(rows::unknown_kind("jobs", &kind));
+        let n: i64 = row.try_get("claimed")?;
+        match row.try_get::<String, _>("kind")?.as_str() {
+            "job" => claimed.job(
+                n,
+                rows::claimed_job(row, row.try_get("id")?, lease_expires_at)?,
+            ),
+            "input" => claimed.input(n, rows::loaded_input(row)?)?,
+            kind => return Err(rows::unknown_kind("jobs", kind)),
         }
     }
     Ok(claimed.into_jobs())
-}
-
-/// Gathers a row of [`claim_statements`] of kind `kind` into `claimed`;
-/// false if the row is of another kind.
-pub(super) fn claimed_row(
-    claimed: &mut rows::ClaimedRows,
-    row: &SqliteRow,
-    kind: &str,
-    c: &JobClaim,
-) -> Result<bool> {
-    match kind {
-        "job" => claimed.job(
-            row.try_get("claimed")?,
-            rows::claimed_job(row, row.try_get("id")?, c.now + c.lease_ms)?,
-        ),
-        "input" => claimed.input(row.try_get("claimed")?, rows::loaded_input(row)?)?,
-        _ => return Ok(false),
-    }
-    Ok(true)
 }
 
 /// The job row, if `(job, attempt, worker)` still holds the lease.

@@ -351,6 +351,17 @@ mod tests {
 
     type Batches = Vec<(Vec<i64>, usize)>;
 
+    /// `parallel` committers in front of `gate`, batches of up to 64.
+    fn committer(gate: Gate, parallel: usize, linger: Duration) -> Arc<GroupCommit<Gate>> {
+        let claimer = Claimer {
+            worker: "w".into(),
+            lease_ms: 1_000,
+            clock: Arc::new(ManualClock::new(0)),
+            probe: None,
+        };
+        Arc::new(GroupCommit::new(gate, 64, parallel, linger, claimer))
+    }
+
     /// Holds the commit of job 0, queues each `(job, claim_next)` behind
     /// it, lets it go, and returns every answer, job 0's first.
     async fn hold_first_queue_then_open(
@@ -390,19 +401,7 @@ mod tests {
         later: i64,
         parallel: usize,
     ) -> (Vec<Answer>, Batches) {
-        let claimer = Claimer {
-            worker: "w".into(),
-            lease_ms: 1_000,
-            clock: Arc::new(ManualClock::new(0)),
-            probe: None,
-        };
-        let commits = Arc::new(GroupCommit::new(
-            gate,
-            64,
-            parallel,
-            Duration::ZERO,
-            claimer,
-        ));
+        let commits = committer(gate, parallel, Duration::ZERO);
         let answers =
             hold_first_queue_then_open(&commits, (1..=later).map(|j| (j, wants_next(j)))).await;
         let batches = commits
@@ -454,13 +453,7 @@ mod tests {
     /// and 102 for the slots of jobs 1, 2 and 3: the first batch (job 0)
     /// is held until those three are queued behind it.
     async fn committer_with_a_cohort_of_three(linger: Duration) -> Arc<GroupCommit<Gate>> {
-        let claimer = Claimer {
-            worker: "w".into(),
-            lease_ms: 1_000,
-            clock: Arc::new(ManualClock::new(0)),
-            probe: None,
-        };
-        let commits = Arc::new(GroupCommit::new(Gate::default(), 64, 1, linger, claimer));
+        let commits = committer(Gate::default(), 1, linger);
         let answers = hold_first_queue_then_open(&commits, (1..=3).map(|j| (j, true))).await;
         let claimed: Vec<i64> = answers[1..]
             .iter()

@@ -44,6 +44,15 @@ ratchet_tests::backend_tests! {
 }
 
 /// Three roots `a`, `b`, `c` and a join `j` after all three.
+/// A harness on `backend` (none if it is not available) with its clock and
+/// the run of [`fan_in`].
+async fn fan_in_on(backend: Backend) -> Option<(Harness, Arc<ManualClock>, String)> {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let h = Harness::on(backend, clock.clone()).await?;
+    let run = fan_in(&h, clock.now_ms()).await;
+    Some((h, clock, run))
+}
+
 async fn fan_in(h: &Harness, now: i64) -> String {
     h.store
         .plugin_put(PluginPut {
@@ -121,11 +130,9 @@ fn stages(jobs: &[ClaimedJob]) -> Vec<(&str, i64)> {
 }
 
 async fn claim_order(backend: Backend) {
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let Some(h) = Harness::on(backend, clock.clone()).await else {
+    let Some((h, clock, run)) = fan_in_on(backend).await else {
         return;
     };
-    let run = fan_in(&h, clock.now_ms()).await;
     let first = claim(h.store.as_ref(), "w1", clock.now_ms(), 2).await;
     assert_eq!(stages(&first), [("a", 1), ("b", 1)], "oldest ready first");
 
@@ -157,11 +164,9 @@ async fn claim_order(backend: Backend) {
 }
 
 async fn fenced_each(backend: Backend) {
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let Some(h) = Harness::on(backend, clock.clone()).await else {
+    let Some((h, clock, run)) = fan_in_on(backend).await else {
         return;
     };
-    let run = fan_in(&h, clock.now_ms()).await;
     let stale = claim(h.store.as_ref(), "w1", clock.now_ms(), 2).await;
     clock.advance(1_000);
     let rescued = h
@@ -213,11 +218,9 @@ async fn fenced_each(backend: Backend) {
 /// then claimed the same job again: both attempts finish and land in the
 /// same group commit. Only the current attempt holds the lease.
 async fn same_job_twice(backend: Backend) {
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let Some(h) = Harness::on(backend, clock.clone()).await else {
+    let Some((h, clock, run)) = fan_in_on(backend).await else {
         return;
     };
-    let run = fan_in(&h, clock.now_ms()).await;
     let first = claim(h.store.as_ref(), "w", clock.now_ms(), 1)
         .await
         .remove(0);
@@ -266,11 +269,9 @@ async fn same_job_twice(backend: Backend) {
 }
 
 async fn join_released_once(backend: Backend) {
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let Some(h) = Harness::on(backend, clock.clone()).await else {
+    let Some((h, clock, run)) = fan_in_on(backend).await else {
         return;
     };
-    let run = fan_in(&h, clock.now_ms()).await;
     let roots = claim(h.store.as_ref(), "w", clock.now_ms(), 3).await;
     assert_eq!(roots.len(), 3, "one claim, three jobs");
 
@@ -308,11 +309,9 @@ async fn join_released_once(backend: Backend) {
 /// SQLite they pass through the writer's scratch tables, which keep what
 /// the previous call put there until the next one empties them.
 async fn nothing_carried_over(backend: Backend) {
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let Some(h) = Harness::on(backend, clock.clone()).await else {
+    let Some((h, clock, run)) = fan_in_on(backend).await else {
         return;
     };
-    let run = fan_in(&h, clock.now_ms()).await;
     let first = claim(h.store.as_ref(), "w", clock.now_ms(), 2).await;
     assert_eq!(stages(&first), [("a", 1), ("b", 1)]);
     for job in &first {
@@ -363,12 +362,10 @@ async fn nothing_carried_over(backend: Backend) {
 /// other batch statement by statement, with the same result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_writes_a_common_batch_in_one_call_and_any_other_in_steps() {
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let Some(h) = Harness::on(Backend::Postgres, clock.clone()).await else {
+    let Some((h, clock, run)) = fan_in_on(Backend::Postgres).await else {
         return;
     };
     let pg = PostgresStore::open(&h.url).await.expect("open");
-    let run = fan_in(&h, clock.now_ms()).await;
     let roots = claim(&pg, "w", clock.now_ms(), 3).await;
     assert_eq!(stages(&roots), [("a", 1), ("b", 1), ("c", 1)]);
 

@@ -95,75 +95,6 @@ impl CompletionTx for Completion<'_, '_> {
         .await?)
     }
 
-    async fn record_success_and_release(
-        &mut self,
-        s: &Success<'_>,
-    ) -> Result<(Vec<EdgeSatisfied>, Vec<(String, String)>)> {
-        self.record_success(s).await
-    }
-
-    async fn runs_finish_if_done(&mut self, runs: &[&str], now: i64) -> Result<()> {
-        sqlx::query(
-            "UPDATE runs SET state = 'succeeded', finished_at = ?1
-             WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'running'
-               AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = runs.id
-                                 AND state IN ('blocked', 'ready', 'running', 'failed', 'dead', 'cancelled'))",
-        )
-        .bind(now)
-        .bind(json_rows(runs.iter().map(|run| serde_json::json!(run))))
-        .execute(&mut **self.0)
-        .await?;
-        Ok(())
-    }
-}
-
-impl Completion<'_, '_> {
-    async fn fence(&mut self, attempts: &[AttemptKey<'_>]) -> Result<Vec<Fenced>> {
-        let rows = sqlx::query(FENCE)
-            .bind(fence_keys(attempts))
-            .fetch_all(&mut **self.0)
-            .await?;
-        rows.iter().map(rows::fenced).collect()
-    }
-
-    /// Multi-row inserts: the bytes are bound as blobs, which a JSON array
-    /// cannot carry.
-    async fn artifacts_insert(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
-        if puts.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut inserted = Vec::with_capacity(puts.len());
-        for chunk in puts.chunks(ARTIFACT_ROWS_PER_INSERT) {
-            let mut insert = QueryBuilder::<Sqlite>::new(
-                "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
-                                        attempt, plugin_digest, created_at) ",
-            );
-            insert.push_values(chunk, |mut row, a| {
-                row.push_bind(a.run_id)
-                    .push_bind(a.stage)
-                    .push_bind(a.output)
-                    .push_bind(a.media_type)
-                    .push_bind(a.bytes)
-                    .push_bind(a.digest)
-                    .push_bind(a.bytes.len() as i64)
-                    .push_bind(a.attempt)
-                    .push_bind(a.plugin_digest)
-                    .push_bind(a.now);
-            });
-            insert.push(
-                " ON CONFLICT (run_id, stage, output) DO NOTHING
-                 RETURNING run_id, stage, output, digest",
-            );
-            inserted.extend(
-                insert
-                    .build_query_as::<StoredKey>()
-                    .fetch_all(&mut **self.0)
-                    .await?,
-            );
-        }
-        Ok(inserted)
-    }
-
     /// One call of statements sharing one parameter, a JSON document of
     /// every row (sqlx binds numbered parameters a statement skips to the
     /// wrong values, so each statement reads `?1` only); the jobs take
@@ -174,7 +105,7 @@ impl Completion<'_, '_> {
     /// so a completion applied twice changes nothing (the reconciler's
     /// recount repairs any drift). Returns the edges satisfied and the
     /// `(run, stage)` of each dependent that became ready.
-    async fn record_success(
+    async fn record_success_and_release(
         &mut self,
         s: &Success<'_>,
     ) -> Result<(Vec<EdgeSatisfied>, Vec<(String, String)>)> {
@@ -267,5 +198,67 @@ impl Completion<'_, '_> {
             }
         }
         Ok((satisfied, ready))
+    }
+
+    async fn runs_finish_if_done(&mut self, runs: &[&str], now: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE runs SET state = 'succeeded', finished_at = ?1
+             WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'running'
+               AND NOT EXISTS (SELECT 1 FROM jobs WHERE run_id = runs.id
+                                 AND state IN ('blocked', 'ready', 'running', 'failed', 'dead', 'cancelled'))",
+        )
+        .bind(now)
+        .bind(json_rows(runs.iter().map(|run| serde_json::json!(run))))
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+}
+
+impl Completion<'_, '_> {
+    async fn fence(&mut self, attempts: &[AttemptKey<'_>]) -> Result<Vec<Fenced>> {
+        let rows = sqlx::query(FENCE)
+            .bind(fence_keys(attempts))
+            .fetch_all(&mut **self.0)
+            .await?;
+        rows.iter().map(rows::fenced).collect()
+    }
+
+    /// Multi-row inserts: the bytes are bound as blobs, which a JSON array
+    /// cannot carry.
+    async fn artifacts_insert(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
+        if puts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inserted = Vec::with_capacity(puts.len());
+        for chunk in puts.chunks(ARTIFACT_ROWS_PER_INSERT) {
+            let mut insert = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
+                                        attempt, plugin_digest, created_at) ",
+            );
+            insert.push_values(chunk, |mut row, a| {
+                row.push_bind(a.run_id)
+                    .push_bind(a.stage)
+                    .push_bind(a.output)
+                    .push_bind(a.media_type)
+                    .push_bind(a.bytes)
+                    .push_bind(a.digest)
+                    .push_bind(a.bytes.len() as i64)
+                    .push_bind(a.attempt)
+                    .push_bind(a.plugin_digest)
+                    .push_bind(a.now);
+            });
+            insert.push(
+                " ON CONFLICT (run_id, stage, output) DO NOTHING
+                 RETURNING run_id, stage, output, digest",
+            );
+            inserted.extend(
+                insert
+                    .build_query_as::<StoredKey>()
+                    .fetch_all(&mut **self.0)
+                    .await?,
+            );
+        }
+        Ok(inserted)
     }
 }

@@ -45,5 +45,13 @@ async fn the_smoke_bench_reports_every_backend() {
             );
         }
         assert_eq!(report[backend]["fanout"].as_array().map(Vec::len), Some(2));
+        let peer = report[backend]["peer"].as_array().expect("scenario 6");
+        assert_eq!(peer.len(), 2, "{backend}: {report}");
+        for point in peer {
+            assert!(
+                point["times_faster"].as_f64().is_some_and(f64::is_finite),
+                "{backend}: {point}"
+            );
+        }
     }
 }

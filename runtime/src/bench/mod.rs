@@ -27,7 +27,13 @@ pub struct BenchConfig {
     pub latency_samples: usize,
     /// Per-call instantiate + call samples.
     pub calls: usize,
+    /// Scenario 6: runs of each of Obelisk's fan-out sizes.
+    pub peer_runs: usize,
 }
+
+/// Obelisk 0.41 on SQLite, measured on this kind of machine (issue #6): a
+/// workflow fanning out this many child activities took this many seconds.
+pub const OBELISK_FANOUT: [(usize, f64); 2] = [(500, 0.6), (4_000, 19.5)];
 
 impl BenchConfig {
     pub fn full() -> Self {
@@ -39,6 +45,7 @@ impl BenchConfig {
             fanout: 10_000,
             latency_samples: 300,
             calls: 5000,
+            peer_runs: 5,
         }
     }
 
@@ -52,6 +59,7 @@ impl BenchConfig {
             fanout: 200,
             latency_samples: 20,
             calls: 200,
+            peer_runs: 1,
         }
     }
 }
@@ -72,6 +80,19 @@ pub struct FanoutPoint {
     pub peak_rss_mb: f64,
 }
 
+/// Scenario 6: one of Obelisk's fan-out sizes, run as scenario 3 does.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerPoint {
+    pub stages: usize,
+    /// Obelisk's time for a fan-out of as many children.
+    pub obelisk_seconds: f64,
+    /// Each run's whole time: parsing, planning, submitting, burning down.
+    pub totals_seconds: Vec<f64>,
+    pub median_seconds: f64,
+    /// `obelisk_seconds / median_seconds`.
+    pub times_faster: f64,
+}
+
 /// Every figure of one backend.
 #[derive(Debug, Clone, Serialize)]
 pub struct BackendReport {
@@ -90,6 +111,7 @@ pub struct BackendReport {
     /// Wasm chain time over native chain time (1.0 = no overhead).
     pub wasm_vs_native: f64,
     pub instantiate_call_us: f64,
+    pub peer: Vec<PeerPoint>,
 }
 
 pub(crate) fn per_s(count: usize, elapsed: Duration) -> f64 {
@@ -141,6 +163,7 @@ pub async fn run_backend(
         "instantiate + call: {:.1} µs",
         call.as_secs_f64() * 1e6
     ));
+    let peer = run_peer(scratch, config, progress).await?;
     Ok(BackendReport {
         raw_txn_per_s: raw,
         stage_completions_per_s: wasm,
@@ -153,7 +176,62 @@ pub async fn run_backend(
         native_stage_completions_per_s: native,
         wasm_vs_native: native / wasm.max(1e-9),
         instantiate_call_us: call.as_secs_f64() * 1e6,
+        peer,
     })
+}
+
+/// Scenario 6 alone: Obelisk's fan-out sizes, `config.peer_runs` runs of
+/// each, the sizes taking turns so that a slow minute of the machine falls
+/// on both.
+pub async fn run_peer(
+    scratch: &Scratch,
+    config: &BenchConfig,
+    progress: &dyn Fn(&str),
+) -> anyhow::Result<Vec<PeerPoint>> {
+    let mut totals = vec![Vec::new(); OBELISK_FANOUT.len()];
+    for _ in 0..config.peer_runs.max(1) {
+        for ((stages, _), runs) in OBELISK_FANOUT.iter().zip(&mut totals) {
+            let point = scenarios::fanout(scratch, config, *stages).await?;
+            runs.push(point.submit_seconds + point.seconds);
+        }
+    }
+    let peer: Vec<PeerPoint> = OBELISK_FANOUT
+        .iter()
+        .zip(totals)
+        .map(|(&(stages, obelisk_seconds), mut runs)| {
+            runs.sort_by(f64::total_cmp);
+            let median_seconds = median(&runs);
+            PeerPoint {
+                stages,
+                obelisk_seconds,
+                totals_seconds: runs,
+                median_seconds,
+                times_faster: obelisk_seconds / median_seconds.max(1e-9),
+            }
+        })
+        .collect();
+    for p in &peer {
+        progress(&format!(
+            "fan-out {} against Obelisk: median {:.3} s of {} runs ({:.3}–{:.3}), {:.1}x Obelisk's {} s",
+            p.stages,
+            p.median_seconds,
+            p.totals_seconds.len(),
+            p.totals_seconds.first().copied().unwrap_or_default(),
+            p.totals_seconds.last().copied().unwrap_or_default(),
+            p.times_faster,
+            p.obelisk_seconds
+        ));
+    }
+    Ok(peer)
+}
+
+/// The median of sorted values (the mean of the middle two of an even count).
+fn median(sorted: &[f64]) -> f64 {
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
 }
 
 fn fanout_cell(p: &FanoutPoint) -> String {
@@ -211,6 +289,47 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
             row.1.push(cell);
         }
     }
+    let peers: Vec<_> = reports
+        .iter()
+        .map(|(n, r)| (*n, r.peer.as_slice()))
+        .collect();
+    rows.extend(peer_rows(&peers));
+    render(reports.iter().map(|(name, _)| *name), &rows)
+}
+
+/// Scenario 6 alone, one column per backend.
+pub fn peer_table(reports: &[(&str, &[PeerPoint])]) -> String {
+    render(reports.iter().map(|(name, _)| *name), &peer_rows(reports))
+}
+
+fn peer_rows(reports: &[(&str, &[PeerPoint])]) -> Vec<(String, Vec<String>)> {
+    OBELISK_FANOUT
+        .iter()
+        .enumerate()
+        .map(|(i, (stages, obelisk))| {
+            let first = if i == 0 { "(6)" } else { "   " };
+            let label =
+                format!("{first} {stages} stages, median s (runs); x Obelisk's {obelisk} s");
+            let cells = reports
+                .iter()
+                .map(|(_, peer)| match peer.get(i) {
+                    Some(p) => format!(
+                        "{:.3} ({}); {:.1}",
+                        p.median_seconds,
+                        p.totals_seconds.len(),
+                        p.times_faster
+                    ),
+                    None => "-".into(),
+                })
+                .collect();
+            (label, cells)
+        })
+        .collect()
+}
+
+/// Rows of cells under one column per name.
+fn render<'a>(names: impl Iterator<Item = &'a str>, rows: &[(String, Vec<String>)]) -> String {
+    let names: Vec<&str> = names.collect();
     // Each column as wide as its widest cell, two spaces apart: a cell never
     // runs into its neighbour, whatever the figures.
     let label = rows
@@ -218,10 +337,10 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
         .map(|(l, _)| l.chars().count())
         .max()
         .unwrap_or(0);
-    let widths: Vec<usize> = reports
+    let widths: Vec<usize> = names
         .iter()
         .enumerate()
-        .map(|(i, (name, _))| {
+        .map(|(i, name)| {
             rows.iter()
                 .map(|(_, cells)| cells.get(i).map_or(0, |c| c.chars().count()))
                 .chain([name.chars().count()])
@@ -231,11 +350,11 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
         })
         .collect();
     let mut out = format!("{:<label$}", "");
-    for ((name, _), width) in reports.iter().zip(&widths) {
+    for (name, width) in names.iter().zip(&widths) {
         out.push_str(&format!("{name:>width$}"));
     }
     out.push('\n');
-    for (text, cells) in &rows {
+    for (text, cells) in rows {
         out.push_str(&format!("{text:<label$}"));
         for (cell, width) in cells.iter().zip(&widths) {
             out.push_str(&format!("{cell:>width$}"));
@@ -270,11 +389,28 @@ mod tests {
             native_stage_completions_per_s: 950.0 * scale,
             wasm_vs_native: 1.05,
             instantiate_call_us: 11.0,
+            peer: OBELISK_FANOUT
+                .iter()
+                .map(|&(stages, obelisk_seconds)| PeerPoint {
+                    stages,
+                    obelisk_seconds,
+                    totals_seconds: vec![0.05 * scale],
+                    median_seconds: 0.05 * scale,
+                    times_faster: obelisk_seconds / (0.05 * scale),
+                })
+                .collect(),
         }
     }
 
     /// With fixed 18-character columns, a fan-out cell of a slow backend
     /// ("0.100; 10.000, 12300") ran into the next column's.
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[1.0, 2.0, 4.0, 8.0]), 3.0);
+        assert_eq!(median(&[1.0, 2.0, 4.0]), 2.0);
+        assert_eq!(median(&[]), 0.0);
+    }
+
     #[test]
     fn every_cell_of_the_table_stands_apart_from_its_neighbours() {
         let (slow, fast) = (report(100.0), report(1.0));

@@ -16,6 +16,8 @@ pub struct BenchArgs {
     pub workers: Option<usize>,
     pub fanout: Option<usize>,
     pub json: bool,
+    pub peer: bool,
+    pub peer_runs: Option<usize>,
 }
 
 pub async fn run(args: BenchArgs) -> Result<ExitCode> {
@@ -28,9 +30,13 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode> {
     config.chain = args.chain.unwrap_or(config.chain);
     config.workers = args.workers.unwrap_or(config.workers);
     config.fanout = args.fanout.unwrap_or(config.fanout);
+    config.peer_runs = args.peer_runs.unwrap_or(config.peer_runs);
     let mut backends = vec![("sqlite", Scratch::sqlite()?)];
     if let Some(url) = &args.postgres {
         backends.push(("postgres", Scratch::postgres(url)?));
+    }
+    if args.peer {
+        return peer(&config, backends, args.json).await;
     }
     let mut reports = BTreeMap::new();
     for (name, scratch) in backends {
@@ -53,6 +59,37 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode> {
             config.fanout
         );
         print!("{}", bench::table(&columns));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Scenario 6 alone.
+async fn peer(
+    config: &BenchConfig,
+    backends: Vec<(&'static str, Scratch)>,
+    json: bool,
+) -> Result<ExitCode> {
+    let mut reports = BTreeMap::new();
+    for (name, scratch) in backends {
+        eprintln!("{name}:");
+        let progress = |line: &str| eprintln!("  {line}");
+        let report = bench::run_peer(&scratch, config, &progress).await;
+        scratch.cleanup().await?;
+        reports.insert(name, report?);
+    }
+    if json {
+        let peer: BTreeMap<_, _> = reports
+            .iter()
+            .map(|(name, points)| (*name, serde_json::json!({ "peer": points })))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&peer)?);
+    } else {
+        println!(
+            "{} workers, {} runs of each size\n",
+            config.workers, config.peer_runs
+        );
+        let columns: Vec<_> = reports.iter().map(|(n, r)| (*n, r.as_slice())).collect();
+        print!("{}", bench::peer_table(&columns));
     }
     Ok(ExitCode::SUCCESS)
 }

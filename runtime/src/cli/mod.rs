@@ -180,6 +180,12 @@ pub enum Command {
         /// Print JSON keyed by backend instead of a table.
         #[arg(long)]
         json: bool,
+        /// Only scenario 6: the fan-out sizes Obelisk was measured at.
+        #[arg(long)]
+        peer: bool,
+        /// Runs of each size in scenario 6 (the median is reported).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        peer_runs: Option<u64>,
     },
     /// Pin a stage of a running run that has not started yet to another
     /// registered version of its plugin.
@@ -416,6 +422,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         workers,
         fanout,
         json,
+        peer,
+        peer_runs,
     } = &cli.command
     {
         let size = |v: &Option<u64>| v.map(|v| v as usize);
@@ -427,6 +435,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             workers: size(workers),
             fanout: size(fanout),
             json: *json,
+            peer: *peer,
+            peer_runs: size(peer_runs),
         };
         return bench::run(args).await;
     }

@@ -1,12 +1,13 @@
 //! Group commit: completions that arrive while one transaction commits wait
 //! and go together in the next one, with a claim for every attempt that
 //! asked for its successor: one durable commit for many stages. Nothing
-//! waits for a batch to fill, with one exception: the jobs a batch handed to
-//! its slots started together and tend to finish together, so the next
-//! batch waits up to a moment (`linger`) for as many completions as that.
-//! Without it, the first of them found the committer idle and committed
-//! almost alone, and batches alternated between nearly all the slots and
-//! one or two (ADR 0014).
+//! waits for a batch to fill, with one exception: jobs claimed together
+//! (by a batch for its slots, or by the worker's producer for free slots)
+//! started together and tend to finish together, so the next batch waits
+//! up to a moment (`linger`) for as many completions as that. Without it,
+//! the first of them found the committer idle and committed almost alone,
+//! and batches alternated between nearly all the slots and one or two
+//! (ADR 0014).
 //!
 //! Where the store takes parallel writers (Postgres), each committer has a
 //! queue of its own and a run's completions always go to the same one. The
@@ -15,7 +16,7 @@
 //! committer of this worker waits on it.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -103,6 +104,7 @@ impl<C: CommitBatch> GroupCommit<C> {
                 linger,
                 stats: Arc::default(),
                 claimer,
+                claimed_outside: (0..parallel).map(|_| AtomicUsize::new(0)).collect(),
             }),
             queues: OnceLock::new(),
         }
@@ -110,6 +112,15 @@ impl<C: CommitBatch> GroupCommit<C> {
 
     pub(super) fn stats(&self) -> &Arc<CommitStats> {
         &self.committer.stats
+    }
+
+    /// Tells the committers of `jobs`, claimed outside any batch (by the
+    /// worker's producer), that their completions are coming together.
+    pub(super) fn expect(&self, jobs: &[ClaimedJob]) {
+        for job in jobs {
+            let queue = queue_of(&job.run_id, self.parallel);
+            self.committer.claimed_outside[queue].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Commits `c`, alone or with whatever else is waiting, and with
@@ -157,6 +168,9 @@ struct Committer<C> {
     linger: Duration,
     stats: Arc<CommitStats>,
     claimer: Claimer,
+    /// Per queue: jobs claimed outside a batch since that queue's committer
+    /// last gathered (see [`GroupCommit::expect`]).
+    claimed_outside: Vec<AtomicUsize>,
 }
 
 impl<C: CommitBatch> Committer<C> {
@@ -164,14 +178,16 @@ impl<C: CommitBatch> Committer<C> {
     /// gone. `index` is this committer's queue.
     async fn run(self: Arc<Self>, index: usize, mut queue: mpsc::UnboundedReceiver<Request>) {
         let mut waiting = Vec::with_capacity(self.max_batch);
-        // The jobs the last batch claimed for slots whose completions come
-        // to this queue: they started together.
+        // The jobs claimed for slots whose completions come to this queue,
+        // by its last batch and by the producer since: they started
+        // together.
         let mut cohort = 0;
         loop {
             let taken = queue.recv_many(&mut waiting, self.max_batch).await;
             if taken == 0 {
                 return;
             }
+            cohort += self.claimed_outside[index].swap(0, Ordering::Relaxed);
             self.gather(&mut queue, &mut waiting, cohort).await;
             let (completions, waiters): (Vec<_>, Vec<_>) =
                 waiting.drain(..).map(|r| (r.complete, r.waiter)).unzip();
@@ -479,8 +495,7 @@ mod tests {
     }
 
     /// Completes `jobs` one after another, each once the committer had
-    /// time to take the one before; the batches the target saw after the
-    /// first two.
+    /// time to take the one before; every batch the target saw.
     async fn complete_in_turn(commits: &Arc<GroupCommit<Gate>>, jobs: &[i64]) -> Batches {
         let mut answers = Vec::new();
         for &job in jobs {
@@ -495,8 +510,13 @@ mod tests {
         for answer in futures_join(answers).await {
             answer.expect("completed");
         }
-        let batches = commits.committer.target.batches.lock().expect("batches");
-        batches[2..].to_vec()
+        commits
+            .committer
+            .target
+            .batches
+            .lock()
+            .expect("batches")
+            .clone()
     }
 
     /// The slots a batch handed jobs to finish at nearly the same moment.
@@ -507,7 +527,20 @@ mod tests {
     async fn the_jobs_a_batch_claimed_are_committed_together_though_one_finishes_first() {
         let commits = committer_with_a_cohort_of_three(Duration::from_secs(60)).await;
         let batches = complete_in_turn(&commits, &[100, 101, 102]).await;
-        assert_eq!(batches, vec![(vec![100, 101, 102], 0)]);
+        assert_eq!(batches[2..], [(vec![100, 101, 102], 0)]);
+    }
+
+    /// The jobs a worker's producer claims for its free slots (at the start
+    /// of every burn-down) also start together: without counting them, the
+    /// first to finish was committed alone.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_jobs_the_producer_claimed_are_committed_together_though_one_finishes_first() {
+        let commits = committer(Gate::default(), 1, Duration::from_secs(60));
+        commits.expect(&[claimed(1), claimed(2), claimed(3)]);
+        // The first batch is held by the gate until opened: open it at once.
+        commits.committer.target.open.notify_one();
+        let batches = complete_in_turn(&commits, &[1, 2, 3]).await;
+        assert_eq!(batches, [(vec![1, 2, 3], 0)]);
     }
 
     /// A slot whose job fails or runs long never sends its completion: the
@@ -519,7 +552,7 @@ mod tests {
             tokio::time::timeout(Duration::from_secs(60), complete_in_turn(&commits, &[100]))
                 .await
                 .expect("committed once the linger was over, not when the cohort came");
-        assert_eq!(batches, vec![(vec![100], 0)]);
+        assert_eq!(batches[2..], [(vec![100], 0)]);
     }
 
     #[tokio::test]

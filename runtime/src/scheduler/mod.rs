@@ -205,6 +205,7 @@ impl Scheduler {
             })
             .await?;
         if !claimed.is_empty() {
+            self.commits.expect(&claimed);
             crash::point("after_claim");
         }
         Ok(claimed)

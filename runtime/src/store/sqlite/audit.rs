@@ -6,11 +6,20 @@ pub(super) async fn attempts<'e>(
     ex: impl sqlx::Executor<'e, Database = Sqlite>,
     run_id: Option<&str>,
 ) -> Result<Vec<AttemptRow>> {
-    let rows =
-        sqlx::query("SELECT * FROM attempts WHERE (?1 IS NULL OR run_id = ?1) ORDER BY claim_seq")
-            .bind(run_id)
-            .fetch_all(ex)
-            .await?;
+    let rows = match run_id {
+        None => {
+            sqlx::query("SELECT * FROM attempts ORDER BY claim_seq")
+                .fetch_all(ex)
+                .await?
+        }
+        // `(?1 IS NULL OR run_id = ?1)` read every attempt of every run.
+        Some(run_id) => {
+            sqlx::query("SELECT * FROM attempts WHERE run_id = ? ORDER BY claim_seq")
+                .bind(run_id)
+                .fetch_all(ex)
+                .await?
+        }
+    };
     rows.iter().map(rows::attempt_row).collect()
 }
 

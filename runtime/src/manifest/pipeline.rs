@@ -1,7 +1,8 @@
 //! Pipeline files: stages, the plugins they run and how inputs bind to
 //! upstream outputs; planned into the jobs, edges and bindings of a run.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use toml::Spanned;
@@ -73,7 +74,8 @@ pub struct Plan {
 #[derive(Debug, Clone)]
 pub struct PlannedStage {
     pub name: String,
-    pub plugin: ResolvedPlugin,
+    /// Shared by every stage that names the same plugin and requirement.
+    pub plugin: Arc<ResolvedPlugin>,
     pub max_attempts: u32,
 }
 
@@ -125,20 +127,30 @@ impl Pipeline {
             file: &self.file,
             text: &self.text,
         };
-        let mut resolved = BTreeMap::new();
+        // Each plugin reference is resolved once, however many stages name
+        // it (a fan-out names one thousands of times).
+        let mut by_ref: HashMap<&str, Arc<ResolvedPlugin>> = HashMap::new();
+        let mut resolved: HashMap<&str, Arc<ResolvedPlugin>> = HashMap::new();
         for stage in &self.raw.stage {
-            let (name, req) = parse_plugin_ref(&src, &stage.plugin)?;
-            let plugin = resolver
-                .resolve(&name, &req)
-                .map_err(|message| src.at(&stage.plugin, message))?;
-            resolved.insert(stage.name.get_ref().clone(), plugin);
+            let reference = stage.plugin.get_ref().as_str();
+            let plugin = match by_ref.get(reference) {
+                Some(plugin) => plugin.clone(),
+                None => {
+                    let (name, req) = parse_plugin_ref(&src, &stage.plugin)?;
+                    let plugin = resolver
+                        .resolve(&name, &req)
+                        .map_err(|message| src.at(&stage.plugin, message))?;
+                    by_ref.entry(reference).or_insert(Arc::new(plugin)).clone()
+                }
+            };
+            resolved.insert(stage.name.get_ref().as_str(), plugin);
         }
 
         let mut edges = BTreeSet::new();
         let mut inputs = Vec::new();
         for stage in &self.raw.stage {
             let me = stage.name.get_ref();
-            let manifest = &resolved[me].manifest;
+            let manifest = &resolved[me.as_str()].manifest;
             for (input, source) in &stage.inputs {
                 if !manifest.inputs.contains(input.get_ref()) {
                     return Err(src.at(
@@ -211,7 +223,7 @@ impl Pipeline {
             .iter()
             .map(|s| PlannedStage {
                 name: s.name.get_ref().clone(),
-                plugin: resolved[s.name.get_ref()].clone(),
+                plugin: resolved[s.name.get_ref().as_str()].clone(),
                 max_attempts: s
                     .max_attempts
                     .as_ref()
@@ -233,7 +245,7 @@ impl Pipeline {
         src: &Source<'_>,
         me: &str,
         source: &Spanned<String>,
-        resolved: &BTreeMap<String, ResolvedPlugin>,
+        resolved: &HashMap<&str, Arc<ResolvedPlugin>>,
     ) -> Result<(String, String), ManifestError> {
         let text = source.get_ref();
         if text == RUN_INPUT_REF {
@@ -353,4 +365,52 @@ fn parse_plugin_ref(
         src.at(spec, format!("version requirement `{req}` of plugin `{name}` is invalid ({e}); e.g. \"^1\" or \"=1.2.0\""))
     })?;
     Ok((name.to_string(), req))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Resolves `pass` and counts how often it was asked.
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+
+    impl PluginResolver for Counting {
+        fn resolve(&self, name: &str, _: &semver::VersionReq) -> Result<ResolvedPlugin, String> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            let manifest = PluginManifest::parse(
+                "pass manifest",
+                &format!("name = \"{name}\"\nversion = \"1.0.0\"\ninputs = [\"in\"]\noutputs = [\"out\"]\n"),
+            )
+            .map_err(|e| e.to_string())?;
+            Ok(ResolvedPlugin {
+                digest: format!("{name}-digest"),
+                manifest,
+            })
+        }
+    }
+
+    /// A fan-out names one plugin once per stage: each stage resolved (and
+    /// cloned) it again, a tenth of submitting a 500-stage run.
+    #[test]
+    fn stages_naming_the_same_plugin_share_one_resolution() {
+        let mut text = String::from("name = \"fan\"\n");
+        for i in 0..50 {
+            text.push_str(&format!(
+                "[[stage]]\nname = \"s{i}\"\nplugin = \"pass@^1\"\ninputs = {{ in = \"$input\" }}\n"
+            ));
+        }
+        text.push_str(
+            "[[stage]]\nname = \"t\"\nplugin = \"pass@=1.0.0\"\ninputs = { in = \"s0.out\" }\n",
+        );
+        let pipeline = Pipeline::parse("fan.toml", &text).expect("parse");
+        let resolver = Counting::default();
+        let plan = pipeline.plan(&resolver).expect("plan");
+        assert_eq!(resolver.0.load(Ordering::SeqCst), 2, "once per reference");
+        assert_eq!(plan.stages.len(), 51);
+        assert!(Arc::ptr_eq(&plan.stages[0].plugin, &plan.stages[49].plugin));
+        assert_eq!(plan.edges.len(), 1);
+    }
 }

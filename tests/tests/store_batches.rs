@@ -22,7 +22,10 @@
 //! - on Postgres, `ratchet_complete_batch` without its check that each job
 //!   row is the job its claim returned (migration 0006): the completion
 //!   with a forged job was written in one call, and the one-call test
-//!   failed.
+//!   failed;
+//! - a SQLite fence that takes every live job as its claim returned it
+//!   (`sqlite/complete.rs`): the forged events were written, and the
+//!   misstated-job test failed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,7 +34,7 @@ use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::store::{
     ClaimedJob, CompleteOutcome, EdgeKind, JobBatch, JobClaim, JobComplete, JobState, NewEdge,
-    NewJob, PluginPut, PostgresStore, ProposedArtifact, RunSubmit, Store,
+    NewJob, PluginPut, PostgresStore, ProposedArtifact, RUN_INPUT_STAGE, RunSubmit, Store,
 };
 use ratchet_tests::{Backend, Harness};
 
@@ -41,6 +44,7 @@ ratchet_tests::backend_tests! {
     an_earlier_attempt_of_a_job_in_the_same_batch_as_its_current_one_is_fenced_out => same_job_twice;
     predecessors_committed_in_one_batch_release_their_join_exactly_once => join_released_once;
     a_claim_or_a_completion_takes_nothing_over_from_the_one_before => nothing_carried_over;
+    a_completion_that_misstates_its_job_is_written_from_the_job_row => written_from_the_row;
 }
 
 /// Three roots `a`, `b`, `c` and a join `j` after all three.
@@ -352,6 +356,44 @@ async fn nothing_carried_over(backend: Backend) {
             ("j", JobState::Ready)
         ]
     );
+    let audit = h.audit().await;
+    assert!(audit.is_clean(), "{audit:?}");
+}
+
+/// A batch trusts the job its attempt's claim returned only where the job
+/// row says the same: SQLite's fence compares them and reads the row's
+/// columns for a job that differs; Postgres writes such a batch in steps.
+async fn written_from_the_row(backend: Backend) {
+    let Some((h, clock, run)) = fan_in_on(backend).await else {
+        return;
+    };
+    let roots = claim(h.store.as_ref(), "w", clock.now_ms(), 3).await;
+    let mut batch: Vec<_> = roots
+        .iter()
+        .map(|job| completion(job, "w", clock.now_ms()))
+        .collect();
+    batch[1].job.emits = vec!["forged".into()];
+    batch[2].job.stage = "forged".into();
+    let outcomes = h.store.job_complete_many(&batch).await.expect("complete");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, CompleteOutcome::Completed { .. })),
+        "{outcomes:?}"
+    );
+    let outbox = h.store.outbox_list(Some(&run)).await.expect("outbox");
+    let events: Vec<_> = outbox.iter().map(|o| o.event.as_str()).collect();
+    assert_eq!(events, ["a.done", "b.done", "c.done"], "the rows' events");
+    let artifacts = h.store.artifact_list(&run).await.expect("artifacts");
+    let stored: Vec<_> = artifacts
+        .iter()
+        .map(|a| a.stage.as_str())
+        .filter(|stage| *stage != RUN_INPUT_STAGE)
+        .collect();
+    assert_eq!(stored, ["a", "b", "c"], "under the rows' stages");
+    let jobs = h.store.job_list(&run).await.expect("jobs");
+    let join = jobs.iter().find(|j| j.stage == "j").expect("join");
+    assert_eq!(join.state, JobState::Ready, "released by the rows' edges");
     let audit = h.audit().await;
     assert!(audit.is_clean(), "{audit:?}");
 }

@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{
-    CanonicalArtifact, CanonicalOutput, CanonicalPut, CompleteOutcome, JobBatch, JobBatchOutcome,
-    JobComplete, Result, StoreError,
+    CanonicalArtifact, CanonicalOutput, CanonicalPut, ClaimedAs, CompleteOutcome, JobBatch,
+    JobBatchOutcome, JobComplete, Result, StoreError,
 };
 
 /// An attempt to fence: it commits only while it still holds its lease.
@@ -18,6 +18,8 @@ pub(crate) struct AttemptKey<'a> {
     pub job_id: i64,
     pub attempt: i64,
     pub worker: &'a str,
+    /// The job as the attempt's claim returned it.
+    pub job: &'a ClaimedAs,
 }
 
 /// An output an attempt proposes, before its job row is fenced.
@@ -161,6 +163,7 @@ impl<'a> Plan<'a> {
                 job_id: batch[i].job_id,
                 attempt: batch[i].attempt,
                 worker: &batch[i].worker,
+                job: &batch[i].job,
             })
             .collect();
         let proposals = order
@@ -187,22 +190,26 @@ impl<'a> Plan<'a> {
 
     /// Every attempt in job id order with its job as its claim returned
     /// it: the batch as it is when every attempt still holds its lease.
-    pub(crate) fn as_claimed(&self, batch: &[JobComplete]) -> Vec<(usize, Fenced)> {
+    pub(crate) fn as_claimed(&self) -> Vec<(usize, Fenced)> {
         self.order
             .iter()
-            .map(|&i| {
-                let c = &batch[i];
-                let job = Fenced {
-                    job_id: c.job_id,
-                    attempt: c.attempt,
-                    run_id: c.job.run_id.clone(),
-                    stage: c.job.stage.clone(),
-                    plugin_digest: c.job.plugin_digest.clone(),
-                    emits: c.job.emits.clone(),
-                };
-                (i, job)
-            })
+            .zip(&self.keys)
+            .map(|(&i, key)| (i, key.fenced_as_claimed()))
             .collect()
+    }
+}
+
+impl AttemptKey<'_> {
+    /// The job row of this attempt, as its claim returned it.
+    pub(crate) fn fenced_as_claimed(&self) -> Fenced {
+        Fenced {
+            job_id: self.job_id,
+            attempt: self.attempt,
+            run_id: self.job.run_id.clone(),
+            stage: self.job.stage.clone(),
+            plugin_digest: self.job.plugin_digest.clone(),
+            emits: self.job.emits.clone(),
+        }
     }
 }
 

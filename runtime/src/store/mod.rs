@@ -12,7 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use postgres::PostgresStore;
-pub use sqlite::SqliteStore;
+pub use sqlite::{CheckpointStats, SqliteStore};
 pub use types::*;
 
 /// Errors a store operation can end with. Expected non-failures (a fenced-out

@@ -127,7 +127,7 @@ const COMPLETE_BATCH: &str = "SELECT * FROM ratchet_complete_batch(
 async fn in_one_call(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome> {
     let batch = &b.completions;
     let plan = Plan::of(batch);
-    let live = plan.as_claimed(batch);
+    let live = plan.as_claimed();
     let outputs_of = complete::proposed_as_won(batch, &live);
     let success = complete::success_of(batch, &live, &outputs_of);
     let query = bind_fence_and_insert(sqlx::query(COMPLETE_BATCH), &plan.keys, &plan.proposals)

@@ -12,12 +12,16 @@ pub(super) async fn attempts<'e>(
                 .fetch_all(ex)
                 .await?
         }
-        // `(?1 IS NULL OR run_id = ?1)` read every attempt of every run.
+        // Through the run's jobs: the primary key starts with the job.
+        // (`(?1 IS NULL OR run_id = ?1)` read every attempt of every run.)
         Some(run_id) => {
-            sqlx::query("SELECT * FROM attempts WHERE run_id = ? ORDER BY claim_seq")
-                .bind(run_id)
-                .fetch_all(ex)
-                .await?
+            sqlx::query(
+                "SELECT a.* FROM jobs j CROSS JOIN attempts a ON a.job_id = j.id
+                 WHERE j.run_id = ? ORDER BY a.claim_seq",
+            )
+            .bind(run_id)
+            .fetch_all(ex)
+            .await?
         }
     };
     rows.iter().map(rows::attempt_row).collect()

@@ -20,32 +20,41 @@ pub(super) async fn list<'e>(
     rows.iter().map(rows::job_row).collect()
 }
 
-/// Claims up to `c.limit` jobs in one transaction: expired leases with
-/// attempts left first (a dead worker's jobs), then ready jobs, oldest due
-/// first, each part walking `jobs_claimable` in its order (one query with
-/// an `OR` of both sorted every due job on every claim). One call: the
-/// picked jobs go to the writer's scratch table `claim_pick` (`n` counts
-/// from 1, in claim order), and the statements after it close the attempts
-/// whose leases expired, take the jobs, open their attempts and read back
-/// the jobs and their canonical inputs. Each statement reads only `?1`, a
-/// JSON document (see `complete.rs`).
-static CLAIM: LazyLock<String> = LazyLock::new(|| {
+/// The jobs a claim takes, in claim order: expired leases with attempts
+/// left first (a dead worker's jobs), then ready jobs, oldest due first,
+/// each part walking `jobs_live` in its order (one query with an `OR` of
+/// both sorted every due job on every claim).
+static PICK: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "DELETE FROM temp.claim_pick;
-
-         INSERT INTO temp.claim_pick (id, attempt, expired)
-         SELECT id, attempt, expired FROM (
+        "SELECT id, attempt, expired FROM (
              SELECT * FROM (SELECT id, attempt, 1 AS expired, lease_expires_at AS due FROM jobs
-                            WHERE state = 'running' AND lease_expires_at <= ?1 ->> '$.now'
+                            WHERE state = 'running' AND {live}
+                              AND lease_expires_at <= ?1 ->> '$.now'
                               AND attempt < max_attempts
                               AND (?1 ->> '$.only_job' IS NULL OR id = ?1 ->> '$.only_job')
                             ORDER BY lease_expires_at, id LIMIT ?1 ->> '$.limit')
              UNION ALL
              SELECT * FROM (SELECT id, attempt, 0 AS expired, next_run_at AS due FROM jobs
-                            WHERE state = 'ready' AND next_run_at <= ?1 ->> '$.now'
+                            WHERE state = 'ready' AND {live} AND next_run_at <= ?1 ->> '$.now'
                               AND (?1 ->> '$.only_job' IS NULL OR id = ?1 ->> '$.only_job')
                             ORDER BY next_run_at, id LIMIT ?1 ->> '$.limit'))
-         ORDER BY expired DESC, due, id LIMIT ?1 ->> '$.limit';
+         ORDER BY expired DESC, due, id LIMIT ?1 ->> '$.limit'",
+        live = live!(),
+    )
+});
+
+/// Claims up to `c.limit` jobs in one transaction, in one call: the
+/// picked jobs ([`PICK`]) go to the writer's scratch table `claim_pick`
+/// (`n` counts from 1, in claim order), and the statements after it close
+/// the attempts whose leases expired, take the jobs, open their attempts
+/// and read back the jobs and their canonical inputs. Each statement reads
+/// only `?1`, a JSON document (see `complete.rs`).
+static CLAIM: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "DELETE FROM temp.claim_pick;
+
+         INSERT INTO temp.claim_pick (id, attempt, expired)
+         {pick};
 
          UPDATE attempts SET outcome = 'lease_expired', finished_at = ?1 ->> '$.now',
                 error = 'lease expired before the attempt finished; job taken over'
@@ -74,15 +83,30 @@ static CLAIM: LazyLock<String> = LazyLock::new(|| {
          FROM temp.claim_pick p CROSS JOIN jobs j ON j.id = p.id
          ORDER BY p.n;
 
-         SELECT 'input' AS kind, p.n AS claimed, {}
+         SELECT 'input' AS kind, p.n AS claimed, {inputs}
          FROM temp.claim_pick p CROSS JOIN jobs j ON j.id = p.id
          CROSS JOIN job_inputs b ON b.run_id = j.run_id AND b.stage = j.stage
-         {}
+         {artifact}
          ORDER BY p.n, b.input",
-        artifacts::INPUT_COLUMNS,
-        artifacts::ARTIFACT_OF_INPUT
+        inputs = artifacts::INPUT_COLUMNS,
+        artifact = artifacts::ARTIFACT_OF_INPUT,
+        pick = PICK.as_str(),
     )
 });
+
+impl SqliteStore {
+    /// How SQLite picks the jobs of a claim, one line per step of `EXPLAIN
+    /// QUERY PLAN`: for checking that both parts walk the live jobs' index.
+    pub async fn explain_claim(&self) -> Result<Vec<String>> {
+        let claim = serde_json::json!({"now": 0, "only_job": null, "limit": 1});
+        let sql = format!("EXPLAIN QUERY PLAN {}", PICK.as_str());
+        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(claim.to_string())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(plan.into_iter().map(|(.., detail)| detail).collect())
+    }
+}
 
 pub(super) async fn claim_tx(tx: &mut Tx<'_>, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
     let lease_expires_at = c.now + c.lease_ms;
@@ -202,9 +226,11 @@ pub(super) async fn fail(store: &SqliteStore, f: JobFail) -> Result<FailOutcome>
 }
 
 pub(super) async fn summary(store: &SqliteStore, now: i64) -> Result<JobSummary> {
-    let rows = sqlx::query(
-        "SELECT state, COUNT(*) AS n FROM jobs WHERE state IN ('ready', 'running') GROUP BY state",
-    )
+    let rows = sqlx::query(concat!(
+        "SELECT state, COUNT(*) AS n FROM jobs WHERE ",
+        live!(),
+        " AND state IN ('ready', 'running') GROUP BY state"
+    ))
     .fetch_all(&store.pool)
     .await?;
     let mut counts = BTreeMap::new();
@@ -214,12 +240,16 @@ pub(super) async fn summary(store: &SqliteStore, now: i64) -> Result<JobSummary>
             row.try_get::<i64, _>("n")?,
         );
     }
-    let next_due_at: Option<i64> = sqlx::query_scalar(
+    let next_due_at: Option<i64> = sqlx::query_scalar(concat!(
         "SELECT MIN(t) FROM (
-             SELECT MIN(next_run_at) AS t FROM jobs WHERE state = 'ready' AND next_run_at > ?1
+             SELECT MIN(next_run_at) AS t FROM jobs WHERE state = 'ready' AND ",
+        live!(),
+        " AND next_run_at > ?1
              UNION ALL
-             SELECT MIN(lease_expires_at) FROM jobs WHERE state = 'running' AND lease_expires_at > ?1)",
-    )
+             SELECT MIN(lease_expires_at) FROM jobs WHERE state = 'running' AND ",
+        live!(),
+        " AND lease_expires_at > ?1)"
+    ))
     .bind(now)
     .fetch_one(&store.pool)
     .await?;
@@ -233,10 +263,11 @@ pub(super) async fn reconcile(store: &SqliteStore, now: i64) -> Result<Reconcile
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
     let mut report = ReconcileReport::default();
-    let exhausted = sqlx::query(
-        "SELECT id, run_id, attempt FROM jobs
-         WHERE state = 'running' AND lease_expires_at <= ? AND attempt >= max_attempts",
-    )
+    let exhausted = sqlx::query(concat!(
+        "SELECT id, run_id, attempt FROM jobs WHERE state = 'running' AND ",
+        live!(),
+        " AND lease_expires_at <= ? AND attempt >= max_attempts"
+    ))
     .bind(now)
     .fetch_all(&mut *tx)
     .await?;
@@ -268,22 +299,25 @@ pub(super) async fn reconcile(store: &SqliteStore, now: i64) -> Result<Reconcile
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    report.pending_repaired = sqlx::query(
+    report.pending_repaired = sqlx::query(concat!(
         "UPDATE jobs SET pending = (SELECT COUNT(*) FROM edges e WHERE e.run_id = jobs.run_id
                                     AND e.to_stage = jobs.stage AND e.satisfied = 0),
                 updated_at = ?1
-         WHERE state = 'blocked'
-           AND pending != (SELECT COUNT(*) FROM edges e WHERE e.run_id = jobs.run_id
-                           AND e.to_stage = jobs.stage AND e.satisfied = 0)",
-    )
+         WHERE state = 'blocked' AND ",
+        live!(),
+        " AND pending != (SELECT COUNT(*) FROM edges e WHERE e.run_id = jobs.run_id
+                            AND e.to_stage = jobs.stage AND e.satisfied = 0)"
+    ))
     .bind(now)
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    report.pending_repaired += sqlx::query(
+    report.pending_repaired += sqlx::query(concat!(
         "UPDATE jobs SET state = 'ready', next_run_at = ?1, updated_at = ?1
-         WHERE state = 'blocked' AND pending = 0",
-    )
+         WHERE state = 'blocked' AND ",
+        live!(),
+        " AND pending = 0"
+    ))
     .bind(now)
     .execute(&mut *tx)
     .await?

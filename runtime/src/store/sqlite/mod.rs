@@ -1,9 +1,11 @@
 //! SQLite backend: WAL, `synchronous=FULL`, one writer at a time
-//! (`BEGIN IMMEDIATE` on a connection of its own), many readers.
+//! (`BEGIN IMMEDIATE` on a connection of its own), many readers; each step's
+//! rows go to one statement as one JSON array, read with `jsonb_each`.
 
 mod artifacts;
 mod audit;
 mod bench;
+mod checkpoint;
 mod complete;
 mod jobs;
 mod plugins;
@@ -18,6 +20,8 @@ use tokio::sync::Mutex;
 
 use super::rows::{self, impl_row_ext, repin_refusal, to_json};
 use super::*;
+pub use checkpoint::CheckpointStats;
+use checkpoint::{Checkpointer, WRITER_BACKSTOP_PAGES};
 
 impl_row_ext!(sqlx::sqlite::SqliteRow);
 
@@ -37,6 +41,8 @@ pub struct SqliteStore {
     /// the busy timeout). Outside the pool, a transaction does not wait for
     /// the pool to test the connection its predecessor released.
     writer: Arc<Mutex<SqliteConnection>>,
+    /// Copies the WAL into the database file beside the writer.
+    checkpointer: Arc<Checkpointer>,
 }
 
 impl SqliteStore {
@@ -61,29 +67,60 @@ impl SqliteStore {
             .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
-        let mut writer = options.connect().await?;
+        let checkpointer = Arc::new(Checkpointer::start(pool.clone()));
+        let mut writer = options
+            .pragma("wal_autocheckpoint", WRITER_BACKSTOP_PAGES.to_string())
+            .connect()
+            .await?;
         sqlx::query(WRITER_SCRATCH).execute(&mut writer).await?;
+        writer
+            .lock_handle()
+            .await?
+            .set_commit_hook(checkpointer.committed());
         let writer = Arc::new(Mutex::new(writer));
-        Ok(Self { pool, writer })
+        Ok(Self {
+            pool,
+            writer,
+            checkpointer,
+        })
+    }
+
+    /// What the background checkpointer has done, updated as it works.
+    pub fn checkpoints(&self) -> tokio::sync::watch::Receiver<CheckpointStats> {
+        self.checkpointer.stats()
+    }
+
+    /// The writer connection's own checkpoint threshold, in WAL pages.
+    pub async fn writer_autocheckpoint(&self) -> Result<i64> {
+        let mut writer = self.writer.lock().await;
+        Ok(sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+            .fetch_one(&mut *writer)
+            .await?)
     }
 }
 
 /// The writer connection's temporary tables, through which the statements
 /// of one call hand rows to each other: the jobs a claim picked
-/// (`jobs::claim_tx`) and the edges a batch satisfied (`complete.rs`).
+/// (`jobs::claim_tx`), and a batch's document, parsed once into SQLite's
+/// binary JSON, and the edges it satisfied (`complete.rs`).
 const WRITER_SCRATCH: &str = "
     CREATE TEMP TABLE claim_pick (
         n INTEGER PRIMARY KEY, id INTEGER NOT NULL, attempt INTEGER NOT NULL,
         expired INTEGER NOT NULL);
+    CREATE TEMP TABLE batch_doc (doc BLOB NOT NULL);
     CREATE TEMP TABLE satisfied (
         edge INTEGER NOT NULL, run_id TEXT NOT NULL, from_stage TEXT NOT NULL,
         to_stage TEXT NOT NULL)";
 
-/// Sets of rows go to SQLite as one JSON array bound to one parameter and
-/// read back with `json_each`: one statement per step, whatever the size.
-fn json_rows(rows: impl IntoIterator<Item = serde_json::Value>) -> String {
-    serde_json::Value::Array(rows.into_iter().collect()).to_string()
+/// The condition of the partial index `jobs_live` (migration 0007): SQLite
+/// uses a partial index only for a query whose WHERE repeats its condition
+/// word for word, so every query of jobs by a live state includes this.
+macro_rules! live {
+    () => {
+        "state IN ('blocked', 'ready', 'running')"
+    };
 }
+use live;
 
 /// A write transaction on the writer connection, taken whole at once.
 async fn begin_write(writer: &mut SqliteConnection) -> Result<Tx<'_>> {

@@ -16,13 +16,14 @@ pub(super) async fn submit(store: &SqliteStore, r: RunSubmit) -> Result<RunSubmi
         }
     }
     sqlx::query(
-        "INSERT INTO runs (id, pipeline, state, idempotency_key, created_at)
-         VALUES (?, ?, 'running', ?, ?)",
+        "INSERT INTO runs (id, pipeline, state, idempotency_key, created_at, unfinished)
+         VALUES (?, ?, 'running', ?, ?, ?)",
     )
     .bind(&r.run_id)
     .bind(&r.pipeline)
     .bind(&r.idempotency_key)
     .bind(r.now)
+    .bind(r.jobs.len() as i64)
     .execute(&mut *tx)
     .await?;
     let states = r.initial_states();
@@ -40,52 +41,62 @@ pub(super) async fn submit(store: &SqliteStore, r: RunSubmit) -> Result<RunSubmi
     artifacts::put_canonical_tx(&mut tx, input.borrowed()).await?;
     // Each table's rows in one statement (see `complete.rs`), in order: a
     // job's id follows its place in the pipeline.
-    let jobs = json_rows(r.jobs.iter().zip(&states).map(|(job, (state, pending))| {
-        serde_json::json!([
-            job.stage,
-            job.plugin_digest,
-            to_json(&job.outputs),
-            to_json(&job.emits),
-            state,
-            pending,
-            job.max_attempts
-        ])
-    }));
+    let jobs: Vec<_> = r
+        .jobs
+        .iter()
+        .zip(&states)
+        .map(|(job, (state, pending))| {
+            let (outputs, emits) = (to_json(&job.outputs), to_json(&job.emits));
+            let (stage, plugin) = (&job.stage, &job.plugin_digest);
+            (
+                stage,
+                plugin,
+                outputs,
+                emits,
+                state,
+                pending,
+                job.max_attempts,
+            )
+        })
+        .collect();
+    let jobs = to_json(&jobs);
     sqlx::query(
         "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
                            max_attempts, next_run_at, created_at, updated_at)
          SELECT ?1, j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4,
                 j.value ->> 5, j.value ->> 6, ?2, ?2, ?2
-         FROM json_each(?3) AS j ORDER BY j.key",
+         FROM jsonb_each(?3) AS j ORDER BY j.key",
     )
     .bind(&r.run_id)
     .bind(r.now)
     .bind(jobs)
     .execute(&mut *tx)
     .await?;
-    let edges = json_rows(
-        r.edges
-            .iter()
-            .map(|e| serde_json::json!([e.from_stage, e.to_stage, e.kind.as_str()])),
-    );
+    let edges: Vec<_> = r
+        .edges
+        .iter()
+        .map(|e| (&e.from_stage, &e.to_stage, e.kind.as_str()))
+        .collect();
+    let edges = to_json(&edges);
     insert_rows(
         &mut tx,
         "INSERT INTO edges (run_id, from_stage, to_stage, kind)
-         SELECT ?1, e.value ->> 0, e.value ->> 1, e.value ->> 2 FROM json_each(?2) AS e",
+         SELECT ?1, e.value ->> 0, e.value ->> 1, e.value ->> 2 FROM jsonb_each(?2) AS e",
         &r.run_id,
         edges,
     )
     .await?;
-    let inputs = json_rows(
-        r.inputs
-            .iter()
-            .map(|b| serde_json::json!([b.stage, b.input, b.from_stage, b.from_output])),
-    );
+    let inputs: Vec<_> = r
+        .inputs
+        .iter()
+        .map(|b| (&b.stage, &b.input, &b.from_stage, &b.from_output))
+        .collect();
+    let inputs = to_json(&inputs);
     insert_rows(
         &mut tx,
         "INSERT INTO job_inputs (run_id, stage, input, from_stage, from_output)
          SELECT ?1, b.value ->> 0, b.value ->> 1, b.value ->> 2, b.value ->> 3
-         FROM json_each(?2) AS b",
+         FROM jsonb_each(?2) AS b",
         &r.run_id,
         inputs,
     )

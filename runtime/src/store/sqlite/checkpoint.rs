@@ -1,0 +1,111 @@
+//! The WAL is copied back into the database file by a task of its own, on a
+//! reader connection, instead of by whichever commit crosses SQLite's
+//! threshold: that commit stalled every completion of its batch for the
+//! few milliseconds a checkpoint takes (ADR 0015).
+
+use std::time::Duration;
+
+use sqlx::SqlitePool;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+/// How long commits accumulate before the checkpointer copies them: one
+/// checkpoint writes a page changed by many commits once.
+const COALESCE: Duration = Duration::from_millis(50);
+
+/// The writer still checkpoints by itself once the WAL holds this many
+/// pages (SQLite's default is 1,000): the backstop for a process that
+/// exits before its checkpointer ran, and for a checkpointer that cannot
+/// keep up.
+pub(super) const WRITER_BACKSTOP_PAGES: u32 = 10_000;
+
+/// Past this many pages in the WAL after a checkpoint (commits kept landing
+/// while it copied, so the WAL was never started afresh), the checkpointer
+/// waits for the writer to pause and restarts the WAL from its beginning.
+const RESTART_PAGES: i64 = 4_000;
+
+/// What the checkpointer has done so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckpointStats {
+    /// Checkpoints run.
+    pub runs: u64,
+    /// Pages in the WAL, and how many of them were in the database file
+    /// once the last checkpoint ended.
+    pub wal_pages: i64,
+    pub checkpointed_pages: i64,
+}
+
+/// The task, stopped when the store's last handle is dropped.
+#[derive(Debug)]
+pub(super) struct Checkpointer {
+    task: JoinHandle<()>,
+    commits: std::sync::Arc<Notify>,
+    stats: watch::Receiver<CheckpointStats>,
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Checkpointer {
+    /// Checkpoints on `pool` once at start (what earlier processes left)
+    /// and then after commits, [`COALESCE`] after the first of them.
+    pub(super) fn start(pool: SqlitePool) -> Self {
+        let commits = std::sync::Arc::new(Notify::new());
+        let (report, stats) = watch::channel(CheckpointStats::default());
+        let woken = commits.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let outcome = checkpoint(&pool).await;
+                match outcome {
+                    Ok((wal_pages, checkpointed_pages)) => report.send_modify(|s| {
+                        s.runs += 1;
+                        s.wal_pages = wal_pages;
+                        s.checkpointed_pages = checkpointed_pages;
+                    }),
+                    // The writer's backstop still bounds the WAL.
+                    Err(e) => tracing::warn!("checkpointing the SQLite WAL failed: {e}"),
+                }
+                woken.notified().await;
+                tokio::time::sleep(COALESCE).await;
+            }
+        });
+        Self {
+            task,
+            commits,
+            stats,
+        }
+    }
+
+    /// Tells the checkpointer that a transaction committed. Called from the
+    /// writer connection's commit hook, on its own thread.
+    pub(super) fn committed(&self) -> impl Fn() -> bool + Send + 'static {
+        let commits = self.commits.clone();
+        move || {
+            commits.notify_one();
+            true
+        }
+    }
+
+    pub(super) fn stats(&self) -> watch::Receiver<CheckpointStats> {
+        self.stats.clone()
+    }
+}
+
+/// A passive checkpoint (it neither waits for nor blocks the writer), and a
+/// restarting one when the WAL has grown past [`RESTART_PAGES`]: the pages
+/// in the WAL and those checkpointed.
+async fn checkpoint(pool: &SqlitePool) -> sqlx::Result<(i64, i64)> {
+    let (_, wal, done): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+        .fetch_one(pool)
+        .await?;
+    if wal < RESTART_PAGES {
+        return Ok((wal, done));
+    }
+    let (_, wal, done): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(RESTART)")
+        .fetch_one(pool)
+        .await?;
+    Ok((wal, done))
+}

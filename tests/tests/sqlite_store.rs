@@ -1,0 +1,156 @@
+//! What only the SQLite backend does: the WAL checkpointed beside the
+//! writer, and a database made before migration 0007 carrying its runs
+//! across it.
+//!
+//! Checked on buggy shapes, each seen failing here:
+//! - the writer left at SQLite's own checkpoint threshold (1,000 pages):
+//!   the checkpoint test failed on the writer's threshold;
+//! - no checkpointer task: the checkpoint test waited out its bound;
+//! - a run's finished check that trusts the count of unsucceeded jobs
+//!   alone, and a migration that does not count the jobs of the runs in
+//!   flight: the run finished with a job still ready, and the migration
+//!   test failed.
+
+use ratchet_runtime::clock::{Clock, SystemClock};
+use ratchet_runtime::digest::sha256_hex;
+use ratchet_runtime::store::{
+    CheckpointStats, ClaimedJob, JobClaim, JobComplete, NewJob, PluginPut, ProposedArtifact,
+    RunSubmit, SqliteStore, Store,
+};
+use ratchet_tests::BOUND;
+use sqlx::sqlite::SqliteConnectOptions;
+use sqlx::{ConnectOptions, Connection};
+
+/// Committing many pages leaves copying them into the database file to the
+/// checkpointer; the commit that crossed SQLite's threshold used to do it,
+/// and every completion of its batch waited for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_is_copied_back_beside_the_writer_not_by_a_commit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("wal.db").display());
+    let store = SqliteStore::open(&url).await.expect("open");
+    assert_eq!(
+        store.writer_autocheckpoint().await.expect("threshold"),
+        10_000,
+        "the writer checkpoints only as a backstop"
+    );
+    let mut checkpoints = store.checkpoints();
+    store
+        .plugin_put(PluginPut {
+            digest: "p".into(),
+            name: "p".into(),
+            version: "1.0.0".into(),
+            manifest: String::new(),
+            component: vec![0],
+            now: 0,
+        })
+        .await
+        .expect("plugin");
+    // A 6 MB input and its jobs: some 1,600 pages, past SQLite's own
+    // threshold of 1,000.
+    let jobs = (0..1_000)
+        .map(|i| NewJob {
+            stage: format!("stage-{i}"),
+            plugin_digest: "p".into(),
+            outputs: vec!["out".into()],
+            emits: vec![],
+            max_attempts: 3,
+        })
+        .collect();
+    store
+        .run_submit(RunSubmit {
+            run_id: "r".into(),
+            pipeline: "wide".into(),
+            idempotency_key: None,
+            input: vec![7; 6 << 20],
+            jobs,
+            edges: vec![],
+            inputs: vec![],
+            now: 0,
+        })
+        .await
+        .expect("submit");
+    let copied = |s: &CheckpointStats| s.wal_pages > 1_000 && s.checkpointed_pages == s.wal_pages;
+    let done = tokio::time::timeout(BOUND, checkpoints.wait_for(copied))
+        .await
+        .expect("checkpointed within the bound")
+        .map(|s| *s)
+        .expect("the checkpointer runs");
+    assert!(done.runs >= 2, "{done:?}");
+}
+
+/// A run in flight when its database is migrated finishes when its last
+/// job succeeds, and not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_in_flight_across_migration_7_finishes_when_its_last_job_succeeds() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("old.db");
+    let url = format!("sqlite://{}", path.display());
+    {
+        let mut old = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .connect()
+            .await
+            .expect("create");
+        sqlx::migrate!("../migrations/sqlite")
+            .run_to(4, &mut old)
+            .await
+            .expect("the schema before migration 7");
+        sqlx::raw_sql(
+            "INSERT INTO plugins (digest, name, version, manifest, component, size, registered_at)
+                 VALUES ('p', 'p', '1.0.0', '', x'00', 1, 0);
+             INSERT INTO runs (id, pipeline, state, created_at) VALUES ('r', 'two', 'running', 0);
+             INSERT INTO jobs (run_id, stage, plugin_digest, emits, outputs, state, pending,
+                               max_attempts, next_run_at, created_at, updated_at)
+                 VALUES ('r', 'a', 'p', '[]', '[\"out\"]', 'succeeded', 0, 3, 0, 0, 0),
+                        ('r', 'b', 'p', '[]', '[\"out\"]', 'ready', 0, 3, 0, 0, 0),
+                        ('r', 'c', 'p', '[]', '[\"out\"]', 'ready', 0, 3, 0, 0, 0);",
+        )
+        .execute(&mut old)
+        .await
+        .expect("a run in flight");
+        old.close().await.expect("close");
+    }
+
+    let store = SqliteStore::open(&url).await.expect("migrate");
+    let claim = |limit| JobClaim {
+        worker: "w".into(),
+        now: SystemClock.now_ms(),
+        lease_ms: 60_000,
+        limit,
+        only_job: None,
+    };
+    let complete = |job: &ClaimedJob| JobComplete {
+        job_id: job.job_id,
+        attempt: job.attempt,
+        worker: "w".into(),
+        job: job.into(),
+        outputs: vec![ProposedArtifact {
+            name: "out".into(),
+            media_type: "text/plain".into(),
+            digest: sha256_hex(job.stage.as_bytes()),
+            bytes: job.stage.clone().into_bytes(),
+        }],
+        input_digests: Default::default(),
+        now: 1,
+    };
+    let jobs = store.job_claim(claim(1)).await.expect("claim b");
+    assert_eq!(jobs[0].stage, "b");
+    store
+        .job_complete(complete(&jobs[0]))
+        .await
+        .expect("complete b");
+    let state = |store: &SqliteStore| {
+        let store = store.clone();
+        async move { store.run_get("r").await.expect("run").expect("r").state }
+    };
+    assert_eq!(state(&store).await, "running", "c is still to run");
+    let jobs = store.job_claim(claim(1)).await.expect("claim c");
+    assert_eq!(jobs[0].stage, "c");
+    store
+        .job_complete(complete(&jobs[0]))
+        .await
+        .expect("complete c");
+    assert_eq!(state(&store).await, "succeeded");
+}

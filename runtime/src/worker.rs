@@ -80,7 +80,7 @@ pub async fn run(
 ) -> Result<Arc<WorkerStats>, WorkerError> {
     let stats = Arc::new(WorkerStats::default());
     let wake = Arc::new(Notify::new());
-    sched.store().listen_ready(wake.clone());
+    let _listening = sched.store().listen_ready(wake.clone());
     let report = sched.store().reconcile(clock.now_ms()).await?;
     if report != Default::default() {
         tracing::info!(?report, "reconciled on start");

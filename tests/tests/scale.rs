@@ -179,3 +179,56 @@ async fn workers_survive_postgres_dropping_every_connection_mid_run() {
     )
     .await;
 }
+
+/// A worker listens for ready jobs on a connection of its own. The listener
+/// outlived its worker, holding that connection and its store's pool open:
+/// a process running workers one after another (`ratchet bench`) ran out of
+/// Postgres connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_listening_connection_closes_with_the_worker() {
+    let Some(h) = Harness::on(Backend::Postgres, Arc::new(SystemClock)).await else {
+        return;
+    };
+    h.register(&DEMO_PLUGINS).await;
+    let app = h
+        .url
+        .split("application_name=")
+        .nth(1)
+        .expect("the harness names its connections")
+        .to_string();
+    let admin = sqlx::PgPool::connect(&ratchet_tests::postgres_base_url().expect("url"))
+        .await
+        .expect("admin");
+    let listening = || async {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity
+             WHERE application_name = $1 AND query ILIKE 'LISTEN%'",
+        )
+        .bind(&app)
+        .fetch_one(&admin)
+        .await
+        .expect("count listeners");
+        n
+    };
+    for i in 0..3 {
+        h.submit(
+            ratchet_runtime::bundled::DEMO_PIPELINE,
+            format!("run {i}").as_bytes(),
+        )
+        .await;
+        h.run_until_idle(2).await;
+    }
+    // A closed connection's backend ends on its own time: look again until
+    // it has, within the bound.
+    let left = tokio::time::timeout(ratchet_tests::BOUND, async {
+        loop {
+            let n = listening().await;
+            if n == 0 {
+                return n;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(left, Ok(0), "listeners still open: {}", listening().await);
+}

@@ -287,9 +287,30 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Calls `wake.notify_waiters()` whenever another process makes a job
-    /// ready, for backends that can tell (Postgres `LISTEN`); workers still
-    /// poll slowly as a safety net.
-    fn listen_ready(&self, wake: Arc<tokio::sync::Notify>) {
+    /// ready, for backends that can tell (Postgres `LISTEN`), until the
+    /// returned guard is dropped; workers still poll slowly as a safety net.
+    fn listen_ready(&self, wake: Arc<tokio::sync::Notify>) -> Listening {
         let _ = wake;
+        Listening::default()
+    }
+}
+
+/// Listening for ready jobs ([`Store::listen_ready`]) stops when this is
+/// dropped. A listener that outlived its worker kept its connection, and
+/// its store's pool, open for as long as the process ran.
+#[derive(Debug, Default)]
+pub struct Listening(Option<tokio::task::JoinHandle<()>>);
+
+impl Listening {
+    pub(crate) fn task(task: tokio::task::JoinHandle<()>) -> Self {
+        Self(Some(task))
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
     }
 }

@@ -112,9 +112,9 @@ super::impl_store!(PostgresStore {
         2
     }
 
-    fn listen_ready(&self, wake: Arc<Notify>) {
+    fn listen_ready(&self, wake: Arc<Notify>) -> Listening {
         let pool = self.pool.clone();
-        tokio::spawn(async move {
+        Listening::task(tokio::spawn(async move {
             loop {
                 let listened = async {
                     let mut listener = PgListener::connect_with(&pool).await?;
@@ -133,6 +133,6 @@ super::impl_store!(PostgresStore {
                 wake.notify_waiters();
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-        });
+        }))
     }
 });

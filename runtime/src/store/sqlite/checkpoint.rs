@@ -14,15 +14,13 @@ use tokio::task::JoinHandle;
 const COALESCE: Duration = Duration::from_millis(50);
 
 /// The writer still checkpoints by itself once the WAL holds this many
-/// pages (SQLite's default is 1,000): the backstop for a process that
-/// exits before its checkpointer ran, and for a checkpointer that cannot
-/// keep up.
+/// pages (SQLite's default is 1,000). That bounds the WAL: under steady
+/// load commits land while the checkpointer copies, so the WAL never starts
+/// over from its beginning after one of its checkpoints. By then the
+/// checkpointer has copied nearly all of it, so the writer's own checkpoint
+/// is short, and the writer's next transaction starts the WAL over. It is
+/// also the backstop for a process that exits before its checkpointer ran.
 pub(super) const WRITER_BACKSTOP_PAGES: u32 = 10_000;
-
-/// Past this many pages in the WAL after a checkpoint (commits kept landing
-/// while it copied, so the WAL was never started afresh), the checkpointer
-/// waits for the writer to pause and restarts the WAL from its beginning.
-const RESTART_PAGES: i64 = 4_000;
 
 /// What the checkpointer has done so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -94,17 +92,12 @@ impl Checkpointer {
     }
 }
 
-/// A passive checkpoint (it neither waits for nor blocks the writer), and a
-/// restarting one when the WAL has grown past [`RESTART_PAGES`]: the pages
-/// in the WAL and those checkpointed.
+/// A passive checkpoint, which neither waits for nor blocks the writer (a
+/// restarting one waited for it with SQLite's busy handler, and stalled a
+/// chain of 5,000 stages for a second): the pages in the WAL and those
+/// copied into the database file.
 async fn checkpoint(pool: &SqlitePool) -> sqlx::Result<(i64, i64)> {
     let (_, wal, done): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
-        .fetch_one(pool)
-        .await?;
-    if wal < RESTART_PAGES {
-        return Ok((wal, done));
-    }
-    let (_, wal, done): (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(RESTART)")
         .fetch_one(pool)
         .await?;
     Ok((wal, done))

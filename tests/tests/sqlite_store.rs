@@ -6,6 +6,10 @@
 //! - the writer left at SQLite's own checkpoint threshold (1,000 pages):
 //!   the checkpoint test failed on the writer's threshold;
 //! - no checkpointer task: the checkpoint test waited out its bound;
+//! - a checkpointer woken by SQLite's commit hook, which runs before the
+//!   commit is done: under the load of the whole suite, the checkpoint it
+//!   woke copied the WAL as it was before the commit, no commit came after,
+//!   and the checkpoint test waited out its bound;
 //! - a run's finished check that trusts the count of unsucceeded jobs
 //!   alone, and a migration that does not count the jobs of the runs in
 //!   flight: the run finished with a job still ready, and the migration

@@ -15,7 +15,7 @@ pub(super) async fn put_canonical(
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
     let canonical = put_canonical_tx(&mut tx, a.borrowed()).await?;
-    tx.commit().await?;
+    store.commit(tx).await?;
     Ok(canonical)
 }
 
@@ -150,7 +150,7 @@ pub(super) async fn model_call_put(store: &SqliteStore, m: ModelCallPut) -> Resu
             .bind(m.index)
             .fetch_one(&mut *tx)
             .await?;
-    tx.commit().await?;
+    store.commit(tx).await?;
     rows::model_call(&row)
 }
 

@@ -25,6 +25,6 @@ pub(super) async fn raw_completion(store: &SqliteStore, r: RawCompletion) -> Res
     .bind(r.artifact.now)
     .execute(&mut *tx)
     .await?;
-    tx.commit().await?;
+    store.commit(tx).await?;
     Ok(())
 }

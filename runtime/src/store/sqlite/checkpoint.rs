@@ -3,6 +3,7 @@
 //! threshold: that commit stalled every completion of its batch for the
 //! few milliseconds a checkpoint takes (ADR 0015).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::SqlitePool;
@@ -37,7 +38,7 @@ pub struct CheckpointStats {
 #[derive(Debug)]
 pub(super) struct Checkpointer {
     task: JoinHandle<()>,
-    commits: std::sync::Arc<Notify>,
+    commits: Arc<Notify>,
     stats: watch::Receiver<CheckpointStats>,
 }
 
@@ -49,24 +50,35 @@ impl Drop for Checkpointer {
 
 impl Checkpointer {
     /// Checkpoints on `pool` once at start (what earlier processes left)
-    /// and then after commits, [`COALESCE`] after the first of them.
+    /// and then after commits, [`COALESCE`] after the first of them, until
+    /// everything committed is in the database file.
     pub(super) fn start(pool: SqlitePool) -> Self {
-        let commits = std::sync::Arc::new(Notify::new());
+        let commits = Arc::new(Notify::new());
         let (report, stats) = watch::channel(CheckpointStats::default());
         let woken = commits.clone();
         let task = tokio::spawn(async move {
             loop {
-                let outcome = checkpoint(&pool).await;
-                match outcome {
-                    Ok((wal_pages, checkpointed_pages)) => report.send_modify(|s| {
-                        s.runs += 1;
-                        s.wal_pages = wal_pages;
-                        s.checkpointed_pages = checkpointed_pages;
-                    }),
+                let copied_all = match checkpoint(&pool).await {
+                    Ok((wal_pages, checkpointed_pages)) => {
+                        report.send_modify(|s| {
+                            s.runs += 1;
+                            s.wal_pages = wal_pages;
+                            s.checkpointed_pages = checkpointed_pages;
+                        });
+                        checkpointed_pages >= wal_pages
+                    }
                     // The writer's backstop still bounds the WAL.
-                    Err(e) => tracing::warn!("checkpointing the SQLite WAL failed: {e}"),
+                    Err(e) => {
+                        tracing::warn!("checkpointing the SQLite WAL failed: {e}");
+                        false
+                    }
+                };
+                // What a checkpoint could not copy (a reader held an older
+                // snapshot) is copied by the next one, whether or not another
+                // commit comes.
+                if copied_all {
+                    woken.notified().await;
                 }
-                woken.notified().await;
                 tokio::time::sleep(COALESCE).await;
             }
         });
@@ -77,14 +89,9 @@ impl Checkpointer {
         }
     }
 
-    /// Tells the checkpointer that a transaction committed. Called from the
-    /// writer connection's commit hook, on its own thread.
-    pub(super) fn committed(&self) -> impl Fn() -> bool + Send + 'static {
-        let commits = self.commits.clone();
-        move || {
-            commits.notify_one();
-            true
-        }
+    /// Tells the checkpointer that a transaction committed.
+    pub(super) fn committed(&self) {
+        self.commits.notify_one();
     }
 
     pub(super) fn stats(&self) -> watch::Receiver<CheckpointStats> {

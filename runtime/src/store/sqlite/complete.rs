@@ -21,7 +21,7 @@ pub(super) async fn batch(store: &SqliteStore, b: &JobBatch) -> Result<JobBatchO
         Some(claim) => jobs::claim_tx(&mut tx, claim).await?,
         None => Vec::new(),
     };
-    tx.commit().await?;
+    store.commit(tx).await?;
     Ok(JobBatchOutcome { completed, claimed })
 }
 

@@ -221,7 +221,7 @@ pub(super) async fn fail(store: &SqliteStore, f: JobFail) -> Result<FailOutcome>
     .bind(f.attempt)
     .execute(&mut *tx)
     .await?;
-    tx.commit().await?;
+    store.commit(tx).await?;
     Ok(outcome)
 }
 
@@ -331,6 +331,6 @@ pub(super) async fn reconcile(store: &SqliteStore, now: i64) -> Result<Reconcile
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    tx.commit().await?;
+    store.commit(tx).await?;
     Ok(report)
 }

@@ -73,16 +73,21 @@ impl SqliteStore {
             .connect()
             .await?;
         sqlx::query(WRITER_SCRATCH).execute(&mut writer).await?;
-        writer
-            .lock_handle()
-            .await?
-            .set_commit_hook(checkpointer.committed());
         let writer = Arc::new(Mutex::new(writer));
         Ok(Self {
             pool,
             writer,
             checkpointer,
         })
+    }
+
+    /// Commits a write transaction and tells the checkpointer, once the
+    /// commit is done (SQLite's commit hook runs before: a checkpoint it
+    /// woke could start before the commit's pages were in the WAL).
+    async fn commit(&self, tx: Tx<'_>) -> Result<()> {
+        tx.commit().await?;
+        self.checkpointer.committed();
+        Ok(())
     }
 
     /// What the background checkpointer has done, updated as it works.

@@ -40,7 +40,7 @@ pub(super) async fn put(store: &SqliteStore, p: PluginPut) -> Result<PluginPutOu
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    tx.commit().await?;
+    store.commit(tx).await?;
     Ok(if inserted == 1 {
         PluginPutOutcome::Inserted
     } else {
@@ -82,7 +82,7 @@ pub(super) async fn yank(store: &SqliteStore, name: &str, version: &str) -> Resu
         .execute(&mut *tx)
         .await?
         .rows_affected();
-    tx.commit().await?;
+    store.commit(tx).await?;
     Ok(n == 1)
 }
 

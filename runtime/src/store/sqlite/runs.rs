@@ -101,7 +101,7 @@ pub(super) async fn submit(store: &SqliteStore, r: RunSubmit) -> Result<RunSubmi
         inputs,
     )
     .await?;
-    tx.commit().await?;
+    store.commit(tx).await?;
     Ok(RunSubmitOutcome::Created(r.run_id))
 }
 
@@ -179,6 +179,6 @@ pub(super) async fn repin(store: &SqliteStore, r: JobRepin) -> Result<RepinOutco
     .bind(r.now)
     .execute(&mut *tx)
     .await?;
-    tx.commit().await?;
+    store.commit(tx).await?;
     Ok(RepinOutcome::Repinned)
 }

@@ -16,8 +16,14 @@ pub use scenarios::{Scratch, fanout_pipeline};
 pub struct BenchConfig {
     /// Scenario 1: transactions per client.
     pub raw_txns: usize,
-    /// Scenario 2 and 5: runs of the chain pipeline, and its length.
-    pub runs: usize,
+    /// Scenarios 2 and 5: runs of the chain pipeline in all or, if `None`,
+    /// as many as the Wasm chain burns down in `chain_seconds`.
+    pub runs: Option<usize>,
+    pub chain_seconds: f64,
+    /// Runs submitted and burnt down at a time, the native chain's turn
+    /// and the Wasm chain's alternating.
+    pub round_runs: usize,
+    /// Stages per chain run.
     pub chain: usize,
     /// Worker tasks (and raw-limit clients).
     pub workers: usize,
@@ -39,7 +45,9 @@ impl BenchConfig {
     pub fn full() -> Self {
         Self {
             raw_txns: 1000,
-            runs: 1000,
+            runs: None,
+            chain_seconds: 10.0,
+            round_runs: 2_000,
             chain: 5,
             workers: 64,
             fanout: 10_000,
@@ -53,7 +61,9 @@ impl BenchConfig {
     pub fn smoke() -> Self {
         Self {
             raw_txns: 50,
-            runs: 20,
+            runs: Some(20),
+            chain_seconds: 0.0,
+            round_runs: 20,
             chain: 3,
             workers: 4,
             fanout: 200,
@@ -100,6 +110,10 @@ pub struct BackendReport {
     pub stage_completions_per_s: f64,
     /// `stage_completions_per_s / raw_txn_per_s`.
     pub ratio: f64,
+    /// Runs of the chain burnt down in (2), and again in (5).
+    pub chain_runs: usize,
+    /// The Wasm chain's burn-downs, in all.
+    pub chain_seconds: f64,
     /// Stage completions per commit transaction in (2) (group commit).
     pub completions_per_commit: f64,
     pub release_latency_p50_ms: f64,
@@ -133,12 +147,23 @@ pub async fn run_backend(
 ) -> anyhow::Result<BackendReport> {
     let raw = scenarios::raw_limit(scratch, config).await?;
     progress(&format!("raw limit: {raw:.0} txn/s"));
-    let (wasm, per_commit) = scenarios::chain(scratch, config, false).await?;
+    let chains = scenarios::chains(scratch, config).await?;
+    let completions = chains.runs * config.chain;
+    let (wasm, native) = (
+        per_s(completions, chains.wasm),
+        per_s(completions, chains.native),
+    );
+    let per_commit = chains.per_commit;
     progress(&format!(
-        "chain (Wasm): {wasm:.0} stage completions/s, {per_commit:.1} per commit"
+        "chain (Wasm): {} runs x {} stages in {:.1} s, {wasm:.0} stage completions/s, {per_commit:.1} per commit",
+        chains.runs,
+        config.chain,
+        chains.wasm.as_secs_f64()
     ));
-    let (native, _) = scenarios::chain(scratch, config, true).await?;
-    progress(&format!("chain (native): {native:.0} stage completions/s"));
+    progress(&format!(
+        "chain (native): the same in {:.1} s, {native:.0} stage completions/s",
+        chains.native.as_secs_f64()
+    ));
     let (p50, p99) = scenarios::release_latency(scratch, config).await?;
     progress(&format!(
         "release latency: p50 {:.2} ms, p99 {:.2} ms",
@@ -168,6 +193,8 @@ pub async fn run_backend(
         raw_txn_per_s: raw,
         stage_completions_per_s: wasm,
         ratio: wasm / raw.max(1e-9),
+        chain_runs: chains.runs,
+        chain_seconds: chains.wasm.as_secs_f64(),
         completions_per_commit: per_commit,
         release_latency_p50_ms: ms(p50),
         release_latency_p99_ms: ms(p99),
@@ -250,6 +277,7 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
     let mut rows: Vec<(String, Vec<String>)> = vec![
         ("(1) raw limit, txn/s".into(), vec![]),
         ("(2) stage completions/s (Wasm chain)".into(), vec![]),
+        ("    chain runs; their Wasm burn-down, s".into(), vec![]),
         ("    ratio (2)/(1)".into(), vec![]),
         ("    completions per commit".into(), vec![]),
         ("(3) fan-out small: submit s; s, µs/stage".into(), vec![]),
@@ -265,6 +293,7 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
         let cells = [
             format!("{:.0}", r.raw_txn_per_s),
             format!("{:.0}", r.stage_completions_per_s),
+            format!("{}; {:.1}", r.chain_runs, r.chain_seconds),
             format!("{:.2}", r.ratio),
             format!("{:.1}", r.completions_per_commit),
             fanout_cell(&r.fanout[0]),
@@ -381,6 +410,8 @@ mod tests {
             raw_txn_per_s: 1_000.0 * scale,
             stage_completions_per_s: 900.0 * scale,
             ratio: 0.9,
+            chain_runs: 20,
+            chain_seconds: 0.1 * scale,
             completions_per_commit: 2.0,
             release_latency_p50_ms: 0.01,
             release_latency_p99_ms: 0.02,
@@ -402,8 +433,6 @@ mod tests {
         }
     }
 
-    /// With fixed 18-character columns, a fan-out cell of a slow backend
-    /// ("0.100; 10.000, 12300") ran into the next column's.
     #[test]
     fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
         assert_eq!(median(&[1.0, 2.0, 4.0, 8.0]), 3.0);
@@ -411,6 +440,8 @@ mod tests {
         assert_eq!(median(&[]), 0.0);
     }
 
+    /// With fixed 18-character columns, a fan-out cell of a slow backend
+    /// ("0.100; 10.000, 12300") ran into the next column's.
     #[test]
     fn every_cell_of_the_table_stands_apart_from_its_neighbours() {
         let (slow, fast) = (report(100.0), report(1.0));

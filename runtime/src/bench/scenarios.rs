@@ -71,6 +71,9 @@ impl Scratch {
     }
 }
 
+/// Tasks submitting the chain runs of a round.
+const SUBMITTERS: usize = 8;
+
 /// A database with the bench plugins registered, and a host.
 struct Rig {
     store: Arc<dyn Store>,
@@ -127,20 +130,35 @@ impl Rig {
         Ok(outcome.run_id().to_string())
     }
 
-    /// Runs workers until nothing is left; returns how long that took.
-    async fn burn_down(&self, sched: Arc<Scheduler>, workers: usize) -> anyhow::Result<Duration> {
-        self.burn_down_counted(sched, workers)
-            .await
-            .map(|(elapsed, _)| elapsed)
+    /// Submits the chain runs numbered `runs`, a few at a time (on Postgres
+    /// they commit in parallel).
+    async fn submit_many(
+        &self,
+        pipeline: &Arc<Pipeline>,
+        runs: std::ops::Range<usize>,
+    ) -> anyhow::Result<()> {
+        let mut submitters = tokio::task::JoinSet::new();
+        for first in 0..SUBMITTERS {
+            let (store, clock, pipeline) =
+                (self.store.clone(), self.clock.clone(), pipeline.clone());
+            let mine: Vec<usize> = runs.clone().skip(first).step_by(SUBMITTERS).collect();
+            submitters.spawn(async move {
+                for i in mine {
+                    let input = format!("run {i}").into_bytes();
+                    registry::run_submit(store.as_ref(), &pipeline, input, None, clock.as_ref())
+                        .await?;
+                }
+                anyhow::Ok(())
+            });
+        }
+        while let Some(done) = submitters.join_next().await {
+            done??;
+        }
+        Ok(())
     }
 
-    /// [`Rig::burn_down`], and the completions per commit transaction.
-    async fn burn_down_counted(
-        &self,
-        sched: Arc<Scheduler>,
-        workers: usize,
-    ) -> anyhow::Result<(Duration, f64)> {
-        let commits = sched.commit_stats().clone();
+    /// Runs workers until nothing is left; returns how long that took.
+    async fn burn_down(&self, sched: Arc<Scheduler>, workers: usize) -> anyhow::Result<Duration> {
         let opts = WorkerOptions {
             concurrency: workers,
             until_idle: true,
@@ -153,9 +171,7 @@ impl Rig {
         let elapsed = start.elapsed();
         let dead = stats.dead.load(Ordering::Relaxed);
         anyhow::ensure!(dead == 0, "{dead} bench stages died: {}", stats.summary());
-        let per_commit = commits.completions.load(Ordering::Relaxed) as f64
-            / commits.transactions.load(Ordering::Relaxed).max(1) as f64;
-        Ok((elapsed, per_commit))
+        Ok(elapsed)
     }
 }
 
@@ -232,24 +248,59 @@ pub(super) async fn raw_limit(scratch: &Scratch, config: &BenchConfig) -> anyhow
     Ok(per_s(jobs.len() * config.raw_txns, start.elapsed()))
 }
 
-/// (2) and (5): stage completions/s burning down `runs` chains, and the
-/// completions per commit transaction.
-pub(super) async fn chain(
-    scratch: &Scratch,
-    config: &BenchConfig,
-    native: bool,
-) -> anyhow::Result<(f64, f64)> {
-    let name = if native { "chain_native" } else { "chain_wasm" };
-    let rig = rig(scratch, name, config.workers).await?;
-    let pipeline = chain_pipeline(config.chain)?;
-    for i in 0..config.runs {
-        rig.submit(&pipeline, format!("run {i}").into_bytes())
-            .await?;
+/// What (2) and (5) measured: the Wasm chain and the native one, burnt
+/// down in turns.
+pub(super) struct Chains {
+    pub runs: usize,
+    pub wasm: Duration,
+    pub native: Duration,
+    /// Completions per commit transaction of the Wasm chain.
+    pub per_commit: f64,
+}
+
+/// (2) and (5): rounds of `round_runs` chain runs, each round submitted to
+/// and burnt down on the Wasm rig and on the native one in turns (which
+/// goes first alternates), so that a slow minute of a shared machine
+/// weighs on both. `runs` runs in all or, without it, rounds until the
+/// Wasm burn-downs have taken `chain_seconds`.
+pub(super) async fn chains(scratch: &Scratch, config: &BenchConfig) -> anyhow::Result<Chains> {
+    let rigs = [
+        rig(scratch, "chain_wasm", config.workers).await?,
+        rig(scratch, "chain_native", config.workers).await?,
+    ];
+    let scheds = [
+        rigs[0].scheduler(false, None),
+        rigs[1].scheduler(true, None),
+    ];
+    let pipeline = Arc::new(chain_pipeline(config.chain)?);
+    let round_runs = config.round_runs.max(1);
+    let (mut done, mut round, mut times) = (0, 0, [Duration::ZERO; 2]);
+    loop {
+        let runs = match config.runs {
+            Some(total) => total.saturating_sub(done).min(round_runs),
+            None if round > 0 && times[0].as_secs_f64() >= config.chain_seconds => 0,
+            None => round_runs,
+        };
+        if runs == 0 {
+            break;
+        }
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            rigs[i].submit_many(&pipeline, done..done + runs).await?;
+            times[i] += rigs[i].burn_down(scheds[i].clone(), config.workers).await?;
+        }
+        done += runs;
+        round += 1;
     }
-    let (elapsed, per_commit) = rig
-        .burn_down_counted(rig.scheduler(native, None), config.workers)
-        .await?;
-    Ok((per_s(config.runs * config.chain, elapsed), per_commit))
+    let commits = scheds[0].commit_stats();
+    let per_commit = commits.completions.load(Ordering::Relaxed) as f64
+        / commits.transactions.load(Ordering::Relaxed).max(1) as f64;
+    Ok(Chains {
+        runs: done,
+        wasm: times[0],
+        native: times[1],
+        per_commit,
+    })
 }
 
 /// The fan-out/fan-in pipeline of (3): `stages` parallel `pass` stages of

@@ -26,7 +26,7 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode> {
     } else {
         BenchConfig::full()
     };
-    config.runs = args.runs.unwrap_or(config.runs);
+    config.runs = args.runs.or(config.runs);
     config.chain = args.chain.unwrap_or(config.chain);
     config.workers = args.workers.unwrap_or(config.workers);
     config.fanout = args.fanout.unwrap_or(config.fanout);
@@ -50,9 +50,12 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     } else {
         let columns: Vec<_> = reports.iter().map(|(n, r)| (*n, r)).collect();
+        let runs = match config.runs {
+            Some(runs) => format!("{runs} runs"),
+            None => format!("{} s of runs", config.chain_seconds),
+        };
         println!(
-            "{} runs x {} stages, {} workers, fan-out {} and {}\n",
-            config.runs,
+            "chains of {} stages ({runs}), {} workers, fan-out {} and {}\n",
             config.chain,
             config.workers,
             config.fanout / 10,

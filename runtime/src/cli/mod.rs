@@ -165,7 +165,8 @@ pub enum Command {
         /// are dropped afterwards.
         #[arg(long, env = "RATCHET_BENCH_POSTGRES")]
         postgres: Option<String>,
-        /// Runs of the chain pipeline (scenarios 2 and 5).
+        /// Runs of the chain pipeline (scenarios 2 and 5); by default as
+        /// many as the Wasm chain burns down in 10 s.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
         runs: Option<u64>,
         /// Stages per chain run.

@@ -4,10 +4,12 @@
 //! waits for a batch to fill, with one exception: jobs claimed together
 //! (by a batch for its slots, or by the worker's producer for free slots)
 //! started together and tend to finish together, so the next batch waits
-//! up to a moment (`linger`) for as many completions as that. Without it,
-//! the first of them found the committer idle and committed almost alone,
-//! and batches alternated between nearly all the slots and one or two
-//! (ADR 0014).
+//! for as many completions as that while they keep coming: until none came
+//! for a moment (`linger`), and never more than [`MOST_LINGERS`] of them.
+//! Without it, the first of them found the committer idle and committed
+//! almost alone, and batches alternated between nearly all the slots and
+//! one or two (ADR 0014). A cohort of Wasm stages takes longer than one
+//! `linger` to arrive (ADR 0016).
 //!
 //! Where the store takes parallel writers (Postgres), each committer has a
 //! queue of its own and a run's completions always go to the same one. The
@@ -28,6 +30,10 @@ use crate::store::{
     ClaimedJob, CompleteOutcome, JobBatch, JobBatchOutcome, JobClaim, JobComplete, Store,
     StoreError,
 };
+
+/// The longest a batch waits for its cohort, in `linger`s: a cohort that
+/// keeps trickling in is not waited for past this.
+pub(super) const MOST_LINGERS: u32 = 8;
 
 /// A completion's own outcome, and the job claimed for its slot, if asked.
 pub(super) type Answer = Result<(CompleteOutcome, Option<ClaimedJob>), StoreError>;
@@ -206,8 +212,9 @@ impl<C: CommitBatch> Committer<C> {
         }
     }
 
-    /// Waits up to `linger` until `waiting` holds as many requests as the
-    /// cohort (at most a batch), or the queue closes.
+    /// Waits until `waiting` holds as many requests as the cohort (at most a
+    /// batch), the queue closes, no request came for `linger`, or
+    /// `MOST_LINGERS` of it have passed since the wait began.
     async fn gather(
         &self,
         queue: &mut mpsc::UnboundedReceiver<Request>,
@@ -218,9 +225,10 @@ impl<C: CommitBatch> Committer<C> {
         if waiting.len() >= want || self.linger.is_zero() {
             return;
         }
-        let deadline = tokio::time::Instant::now() + self.linger;
+        let last = tokio::time::Instant::now() + self.linger * MOST_LINGERS;
         while waiting.len() < want {
             let room = self.max_batch - waiting.len();
+            let deadline = (tokio::time::Instant::now() + self.linger).min(last);
             match tokio::time::timeout_at(deadline, queue.recv_many(waiting, room)).await {
                 Ok(taken) if taken > 0 => {}
                 _ => return,
@@ -495,10 +503,18 @@ mod tests {
     }
 
     /// Completes `jobs` one after another, each once the committer had
-    /// time to take the one before; every batch the target saw.
-    async fn complete_in_turn(commits: &Arc<GroupCommit<Gate>>, jobs: &[i64]) -> Batches {
+    /// time to take the one before and, with a `gap`, that long later on
+    /// the (paused) clock; every batch the target saw.
+    async fn complete_in_turn(
+        commits: &Arc<GroupCommit<Gate>>,
+        jobs: &[i64],
+        gap: Duration,
+    ) -> Batches {
         let mut answers = Vec::new();
-        for &job in jobs {
+        for (i, &job) in jobs.iter().enumerate() {
+            if i > 0 && !gap.is_zero() {
+                tokio::time::advance(gap).await;
+            }
             let commits = commits.clone();
             answers.push(tokio::spawn(async move {
                 commits.complete("r", completion(job), false).await
@@ -510,13 +526,18 @@ mod tests {
         for answer in futures_join(answers).await {
             answer.expect("completed");
         }
+        let batches = commits.committer.target.batches.lock().expect("batches");
+        batches.clone()
+    }
+
+    /// A committer whose producer claimed `jobs` (a cohort) and whose first
+    /// batch is not held.
+    fn committer_expecting(jobs: &[i64], linger: Duration) -> Arc<GroupCommit<Gate>> {
+        let commits = committer(Gate::default(), 1, linger);
+        let claimed: Vec<ClaimedJob> = jobs.iter().map(|&j| claimed(j)).collect();
+        commits.expect(&claimed);
+        commits.committer.target.open.notify_one();
         commits
-            .committer
-            .target
-            .batches
-            .lock()
-            .expect("batches")
-            .clone()
     }
 
     /// The slots a batch handed jobs to finish at nearly the same moment.
@@ -526,7 +547,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn the_jobs_a_batch_claimed_are_committed_together_though_one_finishes_first() {
         let commits = committer_with_a_cohort_of_three(Duration::from_secs(60)).await;
-        let batches = complete_in_turn(&commits, &[100, 101, 102]).await;
+        let batches = complete_in_turn(&commits, &[100, 101, 102], Duration::ZERO).await;
         assert_eq!(batches[2..], [(vec![100, 101, 102], 0)]);
     }
 
@@ -535,12 +556,32 @@ mod tests {
     /// first to finish was committed alone.
     #[tokio::test(flavor = "current_thread")]
     async fn the_jobs_the_producer_claimed_are_committed_together_though_one_finishes_first() {
-        let commits = committer(Gate::default(), 1, Duration::from_secs(60));
-        commits.expect(&[claimed(1), claimed(2), claimed(3)]);
-        // The first batch is held by the gate until opened: open it at once.
-        commits.committer.target.open.notify_one();
-        let batches = complete_in_turn(&commits, &[1, 2, 3]).await;
+        let commits = committer_expecting(&[1, 2, 3], Duration::from_secs(60));
+        let batches = complete_in_turn(&commits, &[1, 2, 3], Duration::ZERO).await;
         assert_eq!(batches, [(vec![1, 2, 3], 0)]);
+    }
+
+    /// A cohort of Wasm stages arrives over more than one linger, each
+    /// completion soon after the one before. Waiting a linger from the
+    /// first arrival split it in two (ADR 0016).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_cohort_still_coming_is_waited_for_past_one_linger() {
+        let (jobs, linger) = ((1..=6).collect::<Vec<i64>>(), Duration::from_millis(5));
+        let commits = committer_expecting(&jobs, linger);
+        let batches = complete_in_turn(&commits, &jobs, linger * 4 / 5).await;
+        assert_eq!(batches, [(jobs, 0)]);
+    }
+
+    /// A cohort that keeps trickling in is not waited for past
+    /// `MOST_LINGERS` lingers: arrivals 0.9 of a linger apart, the ninth
+    /// at 7.2 lingers and the tenth at 8.1.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_trickling_cohort_is_waited_for_no_longer_than_most_lingers() {
+        let (jobs, linger) = ((1..=20).collect::<Vec<i64>>(), Duration::from_millis(5));
+        let commits = committer_expecting(&jobs, linger);
+        let batches = complete_in_turn(&commits, &jobs, linger * 9 / 10).await;
+        assert_eq!(MOST_LINGERS, 8);
+        assert_eq!(batches[0].0, (1..=9).collect::<Vec<i64>>(), "{batches:?}");
     }
 
     /// A slot whose job fails or runs long never sends its completion: the
@@ -548,10 +589,12 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_cohort_that_does_not_all_come_is_committed_after_the_linger() {
         let commits = committer_with_a_cohort_of_three(Duration::from_millis(5)).await;
-        let batches =
-            tokio::time::timeout(Duration::from_secs(60), complete_in_turn(&commits, &[100]))
-                .await
-                .expect("committed once the linger was over, not when the cohort came");
+        let batches = tokio::time::timeout(
+            Duration::from_secs(60),
+            complete_in_turn(&commits, &[100], Duration::ZERO),
+        )
+        .await
+        .expect("committed once the linger was over, not when the cohort came");
         assert_eq!(batches[2..], [(vec![100], 0)]);
     }
 

@@ -58,8 +58,9 @@ pub struct SchedulerConfig {
     pub backoff: Backoff,
     /// Most completions committed in one transaction.
     pub commit_batch: usize,
-    /// Longest a commit waits for the completions of the jobs the previous
-    /// one claimed (zero: never waits; see `group_commit`).
+    /// How long a commit waits for the next completion of the jobs the
+    /// previous one claimed, while they keep coming (at most eight times
+    /// this in all; zero: never waits; see `group_commit`).
     pub commit_linger: std::time::Duration,
 }
 

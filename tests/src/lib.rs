@@ -17,7 +17,7 @@ use ratchet_runtime::model::{ModelBackend, StochasticModel};
 use ratchet_runtime::plugin::{HostConfig, PluginHost};
 use ratchet_runtime::registry;
 use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
-use ratchet_runtime::store::{self, JobState, Store};
+use ratchet_runtime::store::{self, JobState, PluginPut, Store};
 use ratchet_runtime::worker::{self, WorkerOptions};
 use serde_json::Value;
 
@@ -371,4 +371,20 @@ pub async fn output(mut cmd: tokio::process::Command) -> Output {
         .await
         .expect("the process ended within the bound")
         .expect("wait for the process")
+}
+
+/// Registers plugin `p` with a one-byte stand-in component: for store tests
+/// whose jobs are never executed.
+pub async fn put_stand_in_plugin(store: &dyn Store, now: i64) {
+    store
+        .plugin_put(PluginPut {
+            digest: "p".into(),
+            name: "p".into(),
+            version: "1.0.0".into(),
+            manifest: String::new(),
+            component: vec![0],
+            now,
+        })
+        .await
+        .expect("plugin");
 }

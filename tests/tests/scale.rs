@@ -133,15 +133,7 @@ async fn workers_survive_postgres_dropping_every_connection_mid_run() {
     };
     h.register(&DEMO_PLUGINS).await;
     let runs = submit_runs(&h, 60).await;
-    let app = h
-        .url
-        .split("application_name=")
-        .nth(1)
-        .expect("the harness names its connections")
-        .to_string();
-    let admin = sqlx::PgPool::connect(&ratchet_tests::postgres_base_url().expect("url"))
-        .await
-        .expect("admin");
+    let (app, admin) = app_and_admin(&h).await;
     let mut fleet = Fleet::new(BIN, &h.url, &["--concurrency", "2", "--lease-ms", "1000"]);
     for i in 0..3 {
         fleet.start(i);
@@ -180,6 +172,21 @@ async fn workers_survive_postgres_dropping_every_connection_mid_run() {
     .await;
 }
 
+/// The application name the harness gives its Postgres connections, and a
+/// pool outside it to watch and terminate them.
+async fn app_and_admin(h: &Harness) -> (String, sqlx::PgPool) {
+    let app = h
+        .url
+        .split("application_name=")
+        .nth(1)
+        .expect("the harness names its connections")
+        .to_string();
+    let admin = sqlx::PgPool::connect(&ratchet_tests::postgres_base_url().expect("url"))
+        .await
+        .expect("admin");
+    (app, admin)
+}
+
 /// A worker listens for ready jobs on a connection of its own. The listener
 /// outlived its worker, holding that connection and its store's pool open:
 /// a process running workers one after another (`ratchet bench`) ran out of
@@ -190,15 +197,7 @@ async fn a_workers_listening_connection_closes_with_the_worker() {
         return;
     };
     h.register(&DEMO_PLUGINS).await;
-    let app = h
-        .url
-        .split("application_name=")
-        .nth(1)
-        .expect("the harness names its connections")
-        .to_string();
-    let admin = sqlx::PgPool::connect(&ratchet_tests::postgres_base_url().expect("url"))
-        .await
-        .expect("admin");
+    let (app, admin) = app_and_admin(&h).await;
     let listening = || async {
         let n: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM pg_stat_activity

@@ -18,8 +18,8 @@
 use ratchet_runtime::clock::{Clock, SystemClock};
 use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::store::{
-    CheckpointStats, ClaimedJob, JobClaim, JobComplete, NewJob, PluginPut, ProposedArtifact,
-    RunSubmit, SqliteStore, Store,
+    CheckpointStats, ClaimedJob, JobClaim, JobComplete, NewJob, ProposedArtifact, RunSubmit,
+    SqliteStore, Store,
 };
 use ratchet_tests::BOUND;
 use sqlx::sqlite::SqliteConnectOptions;
@@ -39,17 +39,7 @@ async fn the_wal_is_copied_back_beside_the_writer_not_by_a_commit() {
         "the writer checkpoints only as a backstop"
     );
     let mut checkpoints = store.checkpoints();
-    store
-        .plugin_put(PluginPut {
-            digest: "p".into(),
-            name: "p".into(),
-            version: "1.0.0".into(),
-            manifest: String::new(),
-            component: vec![0],
-            now: 0,
-        })
-        .await
-        .expect("plugin");
+    ratchet_tests::put_stand_in_plugin(&store, 0).await;
     // A 6 MB input and its jobs: some 1,600 pages, past SQLite's own
     // threshold of 1,000.
     let jobs = (0..1_000)

@@ -34,7 +34,7 @@ use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::store::{
     ClaimedJob, CompleteOutcome, EdgeKind, JobBatch, JobClaim, JobComplete, JobState, NewEdge,
-    NewJob, PluginPut, PostgresStore, ProposedArtifact, RUN_INPUT_STAGE, RunSubmit, Store,
+    NewJob, PostgresStore, ProposedArtifact, RUN_INPUT_STAGE, RunSubmit, Store,
 };
 use ratchet_tests::{Backend, Harness};
 
@@ -58,17 +58,7 @@ async fn fan_in_on(backend: Backend) -> Option<(Harness, Arc<ManualClock>, Strin
 }
 
 async fn fan_in(h: &Harness, now: i64) -> String {
-    h.store
-        .plugin_put(PluginPut {
-            digest: "p".into(),
-            name: "p".into(),
-            version: "1.0.0".into(),
-            manifest: String::new(),
-            component: vec![0],
-            now,
-        })
-        .await
-        .expect("plugin");
+    ratchet_tests::put_stand_in_plugin(h.store.as_ref(), now).await;
     let job = |stage: &str| NewJob {
         stage: stage.into(),
         plugin_digest: "p".into(),

@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::store::{
-    ClaimedJob, EdgeKind, InputBinding, JobClaim, JobComplete, JobFail, NewEdge, NewJob, PluginPut,
+    ClaimedJob, EdgeKind, InputBinding, JobClaim, JobComplete, JobFail, NewEdge, NewJob,
     ProposedArtifact, RunSubmit, Store,
 };
 use ratchet_tests::{Backend, Harness};
@@ -69,17 +69,7 @@ async fn apply(store: &dyn Store, seed: u64) -> Value {
     let mut now = 1_000_000i64;
     let mut runs = 0;
     let mut in_flight: Vec<(ClaimedJob, String)> = Vec::new();
-    store
-        .plugin_put(PluginPut {
-            digest: "p".into(),
-            name: "p".into(),
-            version: "1.0.0".into(),
-            manifest: String::new(),
-            component: vec![0],
-            now,
-        })
-        .await
-        .expect("plugin");
+    ratchet_tests::put_stand_in_plugin(store, now).await;
     let mut log = Vec::new();
     for step in 0..STEPS {
         match rng.random_range(0..12) {

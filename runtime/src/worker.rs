@@ -2,7 +2,8 @@
 //! transaction; a busy slot runs its attempt and then the successor its
 //! completion claimed in the same transaction. Woken by releases
 //! (in-process or, on Postgres, `NOTIFY`) or a slow poll; reconciles on
-//! start and periodically.
+//! start and periodically, and renews the leases of its running attempts
+//! every third of a lease.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,6 +107,22 @@ pub async fn run(
             }
         })
     });
+    // Runs until the producer is done, not until a shutdown is asked for:
+    // the attempts in flight finish first, and keep their leases meanwhile.
+    let renewer = {
+        let sched = sched.clone();
+        let every = Duration::from_millis((sched.config().lease_ms / 3).max(1) as u64);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match sched.renew_leases().await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::debug!(renewed = n, "leases renewed"),
+                    Err(e) => tracing::warn!("renewing leases failed: {e}"),
+                }
+            }
+        })
+    };
     let producer = Producer {
         sched,
         clock,
@@ -118,6 +135,7 @@ pub async fn run(
         store_errors: 0,
     };
     let produced = producer.run().await;
+    renewer.abort();
     if let Some(reconciler) = reconciler {
         reconciler.abort();
     }

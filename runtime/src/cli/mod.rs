@@ -123,7 +123,8 @@ pub enum Command {
         /// Exit once no stage is ready or running.
         #[arg(long)]
         until_idle: bool,
-        /// How long a claim is owned before another worker may take it over.
+        /// How long a claim is owned unless renewed (every third of it, while
+        /// the attempt runs): how long a dead worker's jobs wait to be taken over.
         #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(100..))]
         lease_ms: u64,
         /// Recorded on leases and attempts (default: host:pid).

@@ -5,8 +5,8 @@
 
 mod group_commit;
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use rand::Rng;
 
@@ -16,7 +16,7 @@ use crate::digest::sha256_hex;
 use crate::plugin::{ExecError, ExecReport, Invocation, Payload, PluginHost};
 use crate::store::{
     CanonicalOutput, ClaimedJob, CompleteOutcome, FailOutcome, JobClaim, JobComplete, JobFail,
-    LoadedInput, ProposedArtifact, Store, StoreError,
+    LeaseRenewal, LoadedInput, ProposedArtifact, Store, StoreError,
 };
 pub use group_commit::CommitStats;
 use group_commit::{Claimer, GroupCommit};
@@ -134,6 +134,9 @@ pub struct Scheduler {
     commits: GroupCommit,
     native: Option<Arc<dyn NativeStage>>,
     probe: Option<Arc<dyn SchedulerProbe>>,
+    /// Attempts claimed and not finished, `(job, attempt)` to when they
+    /// were claimed: the leases [`Scheduler::renew_leases`] extends.
+    held: Mutex<HashMap<(i64, i64), i64>>,
 }
 
 impl Scheduler {
@@ -151,6 +154,7 @@ impl Scheduler {
             config,
             native: None,
             probe: None,
+            held: Mutex::default(),
         }
     }
 
@@ -206,10 +210,50 @@ impl Scheduler {
             })
             .await?;
         if !claimed.is_empty() {
+            self.hold(&claimed);
             self.commits.expect(&claimed);
             crash::point("after_claim");
         }
         Ok(claimed)
+    }
+
+    fn hold(&self, claimed: &[ClaimedJob]) {
+        let now = self.clock.now_ms();
+        let mut held = lock(&self.held);
+        for job in claimed {
+            held.insert((job.job_id, job.attempt), now);
+        }
+    }
+
+    fn release_hold(&self, job: &ClaimedJob) {
+        lock(&self.held).remove(&(job.job_id, job.attempt));
+    }
+
+    /// Extends the lease of every attempt this scheduler claimed and has not
+    /// finished to `lease_ms` from now, so that a stage running longer than
+    /// a lease is not taken over while its worker lives; a worker calls it
+    /// every third of a lease. An attempt is renewed for at most the longest
+    /// one the operator's policy admits (its `timeout_ms` cap): past that,
+    /// its worker is wedged, and the lease lapses. Returns how many leases
+    /// moved.
+    pub async fn renew_leases(&self) -> Result<u64, StoreError> {
+        let now = self.clock.now_ms();
+        let longest = i64::try_from(self.host.policy().caps.timeout_ms).unwrap_or(i64::MAX);
+        let attempts: Vec<(i64, i64)> = lock(&self.held)
+            .iter()
+            .filter(|(_, claimed_at)| now < claimed_at.saturating_add(longest))
+            .map(|(key, _)| *key)
+            .collect();
+        if attempts.is_empty() {
+            return Ok(0);
+        }
+        self.store
+            .job_leases_renew(LeaseRenewal {
+                worker: self.config.worker_id.clone(),
+                attempts,
+                lease_expires_at: now + self.config.lease_ms,
+            })
+            .await
     }
 
     /// Runs the pinned plugin on inputs read from the artifacts table, and
@@ -334,6 +378,10 @@ impl Scheduler {
                     .commits
                     .complete(&job.run_id, complete, claim_next)
                     .await?;
+                self.release_hold(job);
+                if let Some(claimed) = &claimed {
+                    self.hold(std::slice::from_ref(claimed));
+                }
                 next = claimed;
                 match completed {
                     CompleteOutcome::Completed { outputs, released } => {
@@ -358,7 +406,9 @@ impl Scheduler {
                     input_digests: execution.input_digests.clone(),
                     now,
                 };
-                match self.store.job_fail(fail).await? {
+                let failed = self.store.job_fail(fail).await?;
+                self.release_hold(job);
+                match failed {
                     FailOutcome::Retrying { at } => AttemptOutcome::Retrying {
                         at,
                         error: error.to_string(),
@@ -398,7 +448,11 @@ impl Scheduler {
                     tracing::warn!(run = %job.run_id, stage = %job.stage, "finishing the attempt failed, retrying: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(50 << tries)).await;
                 }
-                other => break other?,
+                other => {
+                    // Given up: the lease lapses and the attempt is retried.
+                    self.release_hold(&job);
+                    break other?;
+                }
             }
         };
         log_outcome(&job, &outcome);
@@ -463,4 +517,9 @@ fn log_outcome(job: &ClaimedJob, outcome: &AttemptOutcome) {
             tracing::warn!(run, stage, attempt, "lease lost; result discarded")
         }
     }
+}
+
+/// A poisoned lock still holds a sound set of attempts: take it.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

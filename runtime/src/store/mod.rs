@@ -113,6 +113,9 @@ macro_rules! impl_store {
             async fn job_fail(&self, f: JobFail) -> Result<FailOutcome> {
                 jobs::fail(self, f).await
             }
+            async fn job_leases_renew(&self, r: LeaseRenewal) -> Result<u64> {
+                jobs::renew(self, r).await
+            }
             async fn job_list(&self, run_id: &str) -> Result<Vec<JobRow>> {
                 jobs::list(&self.pool, Some(run_id)).await
             }
@@ -230,6 +233,11 @@ pub trait Store: Send + Sync + 'static {
     /// Records a failed attempt: retry at `retry_at`, or dead when not
     /// retryable or out of attempts (the run fails, pending jobs cancelled).
     async fn job_fail(&self, f: JobFail) -> Result<FailOutcome>;
+    /// Moves the lease of each attempt `worker` still holds (running, the
+    /// same attempt number, its lease not already later) to
+    /// `lease_expires_at`, in one transaction; an attempt taken over or
+    /// finished is left alone. Returns how many leases moved.
+    async fn job_leases_renew(&self, r: LeaseRenewal) -> Result<u64>;
     async fn job_list(&self, run_id: &str) -> Result<Vec<JobRow>>;
     /// Pins a waiting (`blocked` or `ready`) job of a running run to another
     /// plugin digest and records it in the run's history, in one transaction.

@@ -308,6 +308,16 @@ pub enum CompleteOutcome {
     LeaseLost,
 }
 
+/// The attempts a worker still runs, whose leases it extends
+/// ([`Store::job_leases_renew`]).
+#[derive(Debug, Clone)]
+pub struct LeaseRenewal {
+    pub worker: String,
+    /// `(job id, attempt)` of each.
+    pub attempts: Vec<(i64, i64)>,
+    pub lease_expires_at: i64,
+}
+
 #[derive(Debug, Clone)]
 pub struct JobFail {
     pub job_id: i64,

@@ -155,6 +155,27 @@ async fn kill_job(tx: &mut Tx, job_id: i64, run_id: &str, error: &str, now: i64)
     Ok(())
 }
 
+pub(super) async fn renew(store: &PostgresStore, r: LeaseRenewal) -> Result<u64> {
+    if r.attempts.is_empty() {
+        return Ok(0);
+    }
+    let (jobs, attempts): (Vec<i64>, Vec<i64>) = r.attempts.iter().copied().unzip();
+    let renewed = sqlx::query(
+        "UPDATE jobs SET lease_expires_at = $1
+         FROM unnest($2::BIGINT[], $3::BIGINT[]) AS k (id, attempt)
+         WHERE jobs.id = k.id AND jobs.attempt = k.attempt AND jobs.state = 'running'
+           AND jobs.lease_owner = $4 AND jobs.lease_expires_at < $1",
+    )
+    .bind(r.lease_expires_at)
+    .bind(&jobs)
+    .bind(&attempts)
+    .bind(&r.worker)
+    .execute(&store.pool)
+    .await?
+    .rows_affected();
+    Ok(renewed)
+}
+
 pub(super) async fn fail(store: &PostgresStore, f: JobFail) -> Result<FailOutcome> {
     let mut tx = store.begin_write().await?;
     let Some(job) = fence(&mut tx, f.job_id, f.attempt, &f.worker).await? else {

@@ -185,6 +185,36 @@ async fn kill_job(tx: &mut Tx<'_>, job_id: i64, run_id: &str, error: &str, now: 
     Ok(())
 }
 
+/// One statement reading `?1`, a JSON document (see `complete.rs`); the
+/// attempts are few (at most a worker's slots) and the job's own is found
+/// by its id.
+pub(super) async fn renew(store: &SqliteStore, r: LeaseRenewal) -> Result<u64> {
+    if r.attempts.is_empty() {
+        return Ok(0);
+    }
+    let doc = serde_json::json!({
+        "worker": r.worker,
+        "until": r.lease_expires_at,
+        "attempts": r.attempts,
+    });
+    let mut writer = store.writer.lock().await;
+    let mut tx = begin_write(&mut writer).await?;
+    let renewed = sqlx::query(
+        "UPDATE jobs SET lease_expires_at = ?1 ->> '$.until'
+         WHERE id IN (SELECT value ->> 0 FROM json_each(?1, '$.attempts'))
+           AND attempt = (SELECT a.value ->> 1 FROM json_each(?1, '$.attempts') AS a
+                          WHERE a.value ->> 0 = jobs.id)
+           AND state = 'running' AND lease_owner = ?1 ->> '$.worker'
+           AND lease_expires_at < ?1 ->> '$.until'",
+    )
+    .bind(doc.to_string())
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    store.commit(tx).await?;
+    Ok(renewed)
+}
+
 pub(super) async fn fail(store: &SqliteStore, f: JobFail) -> Result<FailOutcome> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;

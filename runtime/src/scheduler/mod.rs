@@ -439,7 +439,14 @@ impl Scheduler {
         claim_next: bool,
     ) -> Result<(Finished, Option<ClaimedJob>), StoreError> {
         let claimed_inputs = job.inputs.take();
-        let execution = self.execute_on(&job, claimed_inputs).await?;
+        let execution = match self.execute_on(&job, claimed_inputs).await {
+            Ok(execution) => execution,
+            Err(e) => {
+                // Abandoned: the lease lapses and the attempt is retried.
+                self.release_hold(&job);
+                return Err(e);
+            }
+        };
         let mut tries = 0u32;
         let (outcome, next) = loop {
             match self.finish_then_claim(&job, &execution, claim_next).await {
@@ -449,7 +456,7 @@ impl Scheduler {
                     tokio::time::sleep(std::time::Duration::from_millis(50 << tries)).await;
                 }
                 other => {
-                    // Given up: the lease lapses and the attempt is retried.
+                    // Recorded, or given up (then as above).
                     self.release_hold(&job);
                     break other?;
                 }

@@ -15,3 +15,10 @@ pub mod registry;
 pub mod scheduler;
 pub mod store;
 pub mod worker;
+
+/// Locks `m`, taking its value even if a panicking holder poisoned it: every
+/// mutex of the crate guards data a panic cannot leave half-written (a
+/// cache, a set of attempts, bench samples).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -11,6 +11,7 @@ use super::{BenchConfig, FanoutPoint, per_s, percentile};
 use crate::bundled::BENCH_PLUGINS;
 use crate::clock::{Clock, SystemClock};
 use crate::digest::sha256_hex;
+use crate::lock;
 use crate::manifest::Pipeline;
 use crate::model::StochasticModel;
 use crate::plugin::{ExecError, HostConfig, Invocation, Payload, PluginHost};
@@ -446,9 +447,4 @@ pub(super) async fn instantiate_call(
         anyhow::ensure!(outcome.is_ok(), "noop failed: {:?}", outcome.err());
     }
     Ok(start.elapsed() / config.calls.max(1) as u32)
-}
-
-/// A poisoned lock still holds sound bench data: take it.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -22,6 +22,7 @@ use wasmtime_wasi::WasiCtx;
 
 use crate::clock::Clock;
 use crate::digest::sha256_hex;
+use crate::lock;
 use crate::manifest::{Capability, ManifestError, PluginManifest};
 use crate::model::ModelBackend;
 use crate::store::{Store, StoreError};
@@ -545,8 +546,4 @@ fn first_line(e: &wasmtime::Error) -> String {
         .next()
         .unwrap_or_default()
         .to_string()
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

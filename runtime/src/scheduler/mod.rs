@@ -13,6 +13,7 @@ use rand::Rng;
 use crate::clock::Clock;
 use crate::crash;
 use crate::digest::sha256_hex;
+use crate::lock;
 use crate::plugin::{ExecError, ExecReport, Invocation, Payload, PluginHost};
 use crate::store::{
     CanonicalOutput, ClaimedJob, CompleteOutcome, FailOutcome, JobClaim, JobComplete, JobFail,
@@ -134,8 +135,8 @@ pub struct Scheduler {
     commits: GroupCommit,
     native: Option<Arc<dyn NativeStage>>,
     probe: Option<Arc<dyn SchedulerProbe>>,
-    /// Attempts claimed and not finished, `(job, attempt)` to when they
-    /// were claimed: the leases [`Scheduler::renew_leases`] extends.
+    /// Attempts claimed and not finished, `(job, attempt)` to the lease
+    /// their claim gave them: the leases [`Scheduler::renew_leases`] extends.
     held: Mutex<HashMap<(i64, i64), i64>>,
 }
 
@@ -210,23 +211,18 @@ impl Scheduler {
             })
             .await?;
         if !claimed.is_empty() {
-            self.hold(&claimed);
+            lock(&self.held).extend(claimed.iter().map(held_entry));
             self.commits.expect(&claimed);
             crash::point("after_claim");
         }
         Ok(claimed)
     }
 
-    fn hold(&self, claimed: &[ClaimedJob]) {
-        let now = self.clock.now_ms();
+    /// `done` is finished (or abandoned), and `next` claimed in its place.
+    fn hand_over(&self, done: &ClaimedJob, next: Option<&ClaimedJob>) {
         let mut held = lock(&self.held);
-        for job in claimed {
-            held.insert((job.job_id, job.attempt), now);
-        }
-    }
-
-    fn release_hold(&self, job: &ClaimedJob) {
-        lock(&self.held).remove(&(job.job_id, job.attempt));
+        held.remove(&(done.job_id, done.attempt));
+        held.extend(next.map(held_entry));
     }
 
     /// Extends the lease of every attempt this scheduler claimed and has not
@@ -239,9 +235,10 @@ impl Scheduler {
     pub async fn renew_leases(&self) -> Result<u64, StoreError> {
         let now = self.clock.now_ms();
         let longest = i64::try_from(self.host.policy().caps.timeout_ms).unwrap_or(i64::MAX);
+        let lease_ms = self.config.lease_ms;
         let attempts: Vec<(i64, i64)> = lock(&self.held)
             .iter()
-            .filter(|(_, claimed_at)| now < claimed_at.saturating_add(longest))
+            .filter(|(_, first_lease)| now < (*first_lease - lease_ms).saturating_add(longest))
             .map(|(key, _)| *key)
             .collect();
         if attempts.is_empty() {
@@ -251,7 +248,7 @@ impl Scheduler {
             .job_leases_renew(LeaseRenewal {
                 worker: self.config.worker_id.clone(),
                 attempts,
-                lease_expires_at: now + self.config.lease_ms,
+                lease_expires_at: now + lease_ms,
             })
             .await
     }
@@ -378,10 +375,7 @@ impl Scheduler {
                     .commits
                     .complete(&job.run_id, complete, claim_next)
                     .await?;
-                self.release_hold(job);
-                if let Some(claimed) = &claimed {
-                    self.hold(std::slice::from_ref(claimed));
-                }
+                self.hand_over(job, claimed.as_ref());
                 next = claimed;
                 match completed {
                     CompleteOutcome::Completed { outputs, released } => {
@@ -407,7 +401,7 @@ impl Scheduler {
                     now,
                 };
                 let failed = self.store.job_fail(fail).await?;
-                self.release_hold(job);
+                self.hand_over(job, None);
                 match failed {
                     FailOutcome::Retrying { at } => AttemptOutcome::Retrying {
                         at,
@@ -443,7 +437,7 @@ impl Scheduler {
             Ok(execution) => execution,
             Err(e) => {
                 // Abandoned: the lease lapses and the attempt is retried.
-                self.release_hold(&job);
+                self.hand_over(&job, None);
                 return Err(e);
             }
         };
@@ -455,11 +449,12 @@ impl Scheduler {
                     tracing::warn!(run = %job.run_id, stage = %job.stage, "finishing the attempt failed, retrying: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(50 << tries)).await;
                 }
-                other => {
-                    // Recorded, or given up (then as above).
-                    self.release_hold(&job);
-                    break other?;
+                Err(e) => {
+                    // Given up: as above.
+                    self.hand_over(&job, None);
+                    return Err(e);
                 }
+                Ok(finished) => break finished,
             }
         };
         log_outcome(&job, &outcome);
@@ -526,7 +521,7 @@ fn log_outcome(job: &ClaimedJob, outcome: &AttemptOutcome) {
     }
 }
 
-/// A poisoned lock still holds a sound set of attempts: take it.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// What [`Scheduler::renew_leases`] keeps of a claimed job.
+fn held_entry(job: &ClaimedJob) -> ((i64, i64), i64) {
+    ((job.job_id, job.attempt), job.lease_expires_at)
 }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::store::{AuditFacts, JobRow, JobState};
+use crate::store::{AuditFacts, JobRow, JobState, RUN_INPUT_STAGE};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
@@ -78,10 +78,23 @@ pub fn audit(facts: &AuditFacts) -> AuditReport {
             ));
     }
 
-    let mut successes: HashMap<i64, usize> = HashMap::new();
+    for a in &facts.digest_mismatches {
+        push(
+            CANONICAL,
+            &a.run_id,
+            &a.stage,
+            format!(
+                "the stored bytes of `{}` no longer hash to its recorded digest {}",
+                a.output, a.digest
+            ),
+        );
+    }
+
+    // job id -> the attempt numbers that record success
+    let mut successes: HashMap<i64, Vec<i64>> = HashMap::new();
     for a in &facts.attempts {
         if a.outcome == "succeeded" {
-            *successes.entry(a.job_id).or_default() += 1;
+            successes.entry(a.job_id).or_default().push(a.attempt);
         }
         for (output, digest) in a.canonical_digests.iter().flatten() {
             let stored = artifacts.get(&(a.run_id.as_str(), a.stage.as_str(), output.as_str()));
@@ -160,20 +173,52 @@ pub fn audit(facts: &AuditFacts) -> AuditReport {
         }
     }
     let outbox: HashSet<&str> = facts.outbox.iter().map(|o| o.dedup_key.as_str()).collect();
-    let mut run_done: HashMap<&str, bool> = HashMap::new();
+    for row in &facts.outbox {
+        // A row naming no job (a run's own event) is checked by its run.
+        let job = jobs.get(&(row.run_id.as_str(), row.stage.as_str()));
+        if let Some(job) = job.filter(|j| j.state != JobState::Succeeded) {
+            push(
+                CONTINUATION,
+                &row.run_id,
+                &row.stage,
+                format!(
+                    "outbox event `{}` was written, but the stage is {}",
+                    row.event,
+                    job.state.as_str()
+                ),
+            );
+        }
+    }
+    // the first stage of each run that has not succeeded
+    let mut unfinished: HashMap<&str, &JobRow> = HashMap::new();
+    // (run, stage) -> the attempt that succeeded
+    let mut winners: HashMap<(&str, &str), i64> = HashMap::new();
     for job in &facts.jobs {
         let (run, stage) = (job.run_id.as_str(), job.stage.as_str());
-        *run_done.entry(run).or_insert(true) &= job.state == JobState::Succeeded;
+        if job.state != JobState::Succeeded {
+            unfinished.entry(run).or_insert(job);
+        }
         if job.state == JobState::Succeeded {
-            match successes.get(&job.id) {
-                Some(1) => {}
+            match successes.get(&job.id).map(Vec::as_slice) {
+                Some([winner]) if *winner == job.attempt => {
+                    winners.insert((run, stage), *winner);
+                }
+                Some([winner]) => push(
+                    CONTINUATION,
+                    run,
+                    stage,
+                    format!(
+                        "succeeded by attempt {winner}, but its last attempt is {}",
+                        job.attempt
+                    ),
+                ),
                 n => push(
                     CONTINUATION,
                     run,
                     stage,
                     format!(
                         "succeeded, but {} attempts record success",
-                        n.copied().unwrap_or(0)
+                        n.map_or(0, <[i64]>::len)
                     ),
                 ),
             }
@@ -199,6 +244,17 @@ pub fn audit(facts: &AuditFacts) -> AuditReport {
             }
         }
         let open = unsatisfied.get(&(run, stage)).copied().unwrap_or(0);
+        if matches!(job.state, JobState::Ready | JobState::Running) && open > 0 {
+            push(
+                DEPENDENCY,
+                run,
+                stage,
+                format!(
+                    "{}, but {open} incoming edges are unsatisfied",
+                    job.state.as_str()
+                ),
+            );
+        }
         if job.state == JobState::Blocked && (open == 0 || job.pending != open) {
             push(
                 CONTINUATION,
@@ -211,15 +267,43 @@ pub fn audit(facts: &AuditFacts) -> AuditReport {
             );
         }
     }
+    for a in &facts.artifacts {
+        let key = (a.run_id.as_str(), a.stage.as_str());
+        if a.stage == RUN_INPUT_STAGE {
+            continue;
+        }
+        match winners.get(&key) {
+            Some(&winner) if winner == a.attempt => {}
+            winner => push(
+                CANONICAL,
+                &a.run_id,
+                &a.stage,
+                format!(
+                    "`{}` was stored by attempt {}, but {}",
+                    a.output,
+                    a.attempt,
+                    winner.map_or("the stage has no succeeding attempt".to_string(), |w| {
+                        format!("attempt {w} succeeded")
+                    })
+                ),
+            ),
+        }
+    }
     for run in &facts.runs {
-        let all_succeeded = run_done.get(run.id.as_str()).copied().unwrap_or(true);
-        if all_succeeded && run.state != "succeeded" {
-            push(
+        match (unfinished.get(run.id.as_str()), run.state.as_str()) {
+            (None, "succeeded") | (Some(_), "running" | "failed") => {}
+            (None, state) => push(
                 CONTINUATION,
                 &run.id,
                 "-",
-                format!("every stage succeeded, but the run is `{}`", run.state),
-            );
+                format!("every stage succeeded, but the run is `{state}`"),
+            ),
+            (Some(job), state) => push(
+                CONTINUATION,
+                &run.id,
+                &job.stage,
+                format!("the run is `{state}`, but this stage is {}", job.state.as_str()),
+            ),
         }
     }
 

@@ -14,6 +14,7 @@ pub mod plugin;
 pub mod registry;
 pub mod scheduler;
 pub mod store;
+pub mod text;
 pub mod worker;
 
 /// Locks `m`, taking its value even if a panicking holder poisoned it: every

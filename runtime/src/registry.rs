@@ -229,8 +229,9 @@ pub async fn stage_upgrade(
             stages.join(", ")
         ));
     };
-    // The store checks run and job state again, atomically, when repinning;
-    // checking here first gives the most precise refusal.
+    // The store checks run and job state again, atomically, when repinning,
+    // with the journal and the new version's `after`; checking here first
+    // gives the most precise refusal.
     let run = store.run_get(run_id).await?;
     if let Some(run) = run.filter(|r| r.state != "running") {
         return refused(format!(
@@ -242,16 +243,6 @@ pub async fn stage_upgrade(
         return refused(format!(
             "stage `{stage}` is {}; only a stage that has not started (blocked or ready) can be upgraded",
             job.state.as_str()
-        ));
-    }
-    if store
-        .model_call_list(run_id)
-        .await?
-        .iter()
-        .any(|c| c.stage == stage)
-    {
-        return refused(format!(
-            "stage `{stage}` already journaled model answers under its pinned version; a new version would be replayed answers to other questions"
         ));
     }
     let current = store.plugin_get(&job.plugin_digest).await?.ok_or_else(|| {
@@ -293,6 +284,7 @@ pub async fn stage_upgrade(
             from_digest: job.plugin_digest.clone(),
             to_digest: target.digest.clone(),
             emits: to_manifest.emits.clone(),
+            after: to_manifest.after.clone(),
             detail: format!(
                 "stage `{stage}` upgraded from {}@{} ({}) to {}@{to} ({})",
                 from.name, from.version, job.plugin_digest, from.name, target.digest
@@ -313,5 +305,12 @@ pub async fn stage_upgrade(
         RepinOutcome::PinMoved(_) => {
             refused(format!("stage `{stage}` was repinned meanwhile; try again"))
         }
+        RepinOutcome::Journaled => refused(format!(
+            "stage `{stage}` already journaled model answers under its pinned version; a new version would be replayed answers to other questions"
+        )),
+        RepinOutcome::AfterRefused(reason) => refused(format!(
+            "{}@{to} cannot replace the pinned version of `{stage}`: {reason}",
+            from.name
+        )),
     }
 }

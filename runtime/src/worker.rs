@@ -284,10 +284,20 @@ impl Producer {
     }
 
     /// How long to wait for work when nothing is due: until the next job
-    /// falls due or lease expires, at most `poll`.
+    /// falls due or lease expires, at most `poll`. A lease that lapsed on
+    /// its job's last attempt is ended here (reconcile), at its expiry: no
+    /// claim takes it, and the job would otherwise count as running until
+    /// the next periodic reconcile (forever, with `until_idle`).
     async fn idle_wait(&self) -> Result<Duration, StoreError> {
         let now = self.clock.now_ms();
         let summary = self.sched.store().job_summary(now).await?;
+        if summary.lapsed_on_last_attempt > 0 {
+            let report = self.sched.store().reconcile(now).await?;
+            tracing::info!(?report, "reconciled a lease that lapsed on its last attempt");
+            if report.dead_expired_leases > 0 {
+                return Ok(Duration::ZERO);
+            }
+        }
         let until_due = summary
             .next_due_at
             .map(|at| Duration::from_millis((at - now).max(0) as u64))
@@ -316,7 +326,18 @@ impl Slot {
         let mut job = first;
         loop {
             let claim_next = !*self.shutdown.borrow();
-            let (finished, next) = self.sched.run_claimed_then_claim(job, claim_next).await?;
+            let (finished, next) = match self.sched.run_claimed_then_claim(job, claim_next).await
+            {
+                Ok(done) => done,
+                // One attempt the database refused to complete and to fail
+                // (the scheduler logged it): only it is given up, never the
+                // worker. Its lease lapses; it is retried or, on its last
+                // attempt, ends dead.
+                Err(e) if e.is_refusal() => return Ok(()),
+                // A store that cannot be reached right now (the producer
+                // backs off), or a bug (the worker stops).
+                Err(e) => return Err(e),
+            };
             self.count(&finished.outcome);
             if let AttemptOutcome::Succeeded { released, .. } = &finished.outcome
                 && released.len() > usize::from(next.is_some())

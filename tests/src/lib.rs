@@ -150,17 +150,38 @@ impl Harness {
             Backend::Sqlite => format!("sqlite://{}", dir.path().join("ratchet.db").display()),
             Backend::Postgres => postgres_schema_url().await?,
         };
+        Some(Self::at(dir, url, clock, model, config).await)
+    }
+
+    /// A harness on the database at `url` (a schema from
+    /// [`postgres_schema_url`], changed by the test), with the default host.
+    pub async fn at_url(url: String, clock: Arc<dyn Clock>) -> Self {
+        let config = HostConfig {
+            cache_dir: Some(shared_component_cache()),
+            ..HostConfig::default()
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        Self::at(dir, url, clock, Arc::new(StochasticModel), config).await
+    }
+
+    async fn at(
+        dir: tempfile::TempDir,
+        url: String,
+        clock: Arc<dyn Clock>,
+        model: Arc<dyn ModelBackend>,
+        config: HostConfig,
+    ) -> Self {
         let store = store::open(&url).await.expect("open store");
         let host = Arc::new(
             PluginHost::new(store.clone(), model, clock.clone(), config).expect("plugin host"),
         );
-        Some(Self {
+        Self {
             _dir: dir,
             url,
             store,
             clock,
             host,
-        })
+        }
     }
 
     /// Replaces the plugin host with a new one on the same database, as a

@@ -190,6 +190,7 @@ async fn racing_journal_writes(backend: Backend) {
         index: 0,
         request_digest: "same-request".into(),
         response: response.into(),
+        rejected: false,
         attempt,
         now: 0,
     };

@@ -107,3 +107,29 @@ async fn files_environment_and_sockets_are_out_of_reach() {
     }
     assert_eq!(report["env"], 0, "no environment variables: {report}");
 }
+
+/// Item 9b of #20: a worker runs a component under the manifest admitted
+/// at registration, and refuses one whose `describe` says something else
+/// now. Seen failing before the fix: the restarted worker (a new host,
+/// nothing cached) took the component's new word and ran it (`succeeded`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_that_describes_itself_otherwise_than_at_registration_is_refused() {
+    let mut h = Harness::new().await;
+    h.register(&["shifty-describe"]).await;
+    let run = h
+        .submit(
+            &ratchet_tests::one_stage_pipeline("shifty", "shifty-describe", "max_attempts = 1"),
+            b"",
+        )
+        .await;
+    // A worker started after registration: it compiles and describes anew.
+    h.rehost(ratchet_runtime::plugin::HostConfig::default());
+    h.run_until_idle(1).await;
+    let job = h.store.job_list(&run).await.expect("jobs").remove(0);
+    assert_eq!(job.state, JobState::Dead);
+    let error = job.last_error.unwrap_or_default();
+    assert!(
+        error.contains("`describe` now returns another manifest"),
+        "{error}"
+    );
+}

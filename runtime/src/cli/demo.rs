@@ -97,15 +97,11 @@ async fn crash_a_worker(env: &Env) -> Result<bool> {
     println!(
         "   (FAILPOINTS=after_model_call=return(exit)): answer journaled, stage not finished."
     );
+    // The child runs with this process's global options: the same
+    // database, policy, component cache and model backend.
     let status = tokio::process::Command::new(exe)
-        .args([
-            "--db",
-            &env.db,
-            "worker",
-            "--until-idle",
-            "--concurrency",
-            "1",
-        ])
+        .args(&env.global_args)
+        .args(["worker", "--until-idle", "--concurrency", "1"])
         .args([
             "--lease-ms",
             CRASH_LEASE_MS,
@@ -166,7 +162,7 @@ async fn tell_the_story(env: &Env, run_ids: &[String]) -> Result<()> {
         };
         println!("What happened to run {run}:");
         println!("   attempt 1 of `draft` asked the model and got:");
-        println!("      \"{}\"", call.response);
+        println!("      \"{}\"", crate::text::escape_controls(&call.response));
         println!(
             "   the host journaled that answer (model_calls, call #0), then the process died."
         );

@@ -8,6 +8,7 @@ use anyhow::Result;
 
 use super::{BadInput, Env};
 use crate::store::{JobRow, PluginSummary};
+use crate::text::escape_controls;
 
 pub async fn plugin_list(env: &Env) -> Result<ExitCode> {
     let plugins = env.store.plugin_list().await?;
@@ -134,11 +135,11 @@ pub async fn status(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode
             outs.join(" ")
         );
         if let Some(e) = &j.last_error {
-            println!("{:<14} last error: {e}", "");
+            println!("{:<14} last error: {}", "", escape_controls(e));
         }
     }
     for event in env.store.run_events(run_id).await? {
-        println!("history: {} ({} ms)", event.detail, event.at);
+        println!("history: {} ({} ms)", escape_controls(&event.detail), event.at);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -189,10 +190,16 @@ pub async fn artifacts(
     } else {
         println!(
             "{which}  {}  {} bytes  {}",
-            artifact.meta.digest, artifact.meta.size, artifact.meta.media_type
+            artifact.meta.digest,
+            artifact.meta.size,
+            escape_controls(&artifact.meta.media_type)
         );
+        // A plugin's text on a terminal: line by line, control characters
+        // escaped (`--raw` gives the exact bytes).
         match std::str::from_utf8(&artifact.bytes) {
-            Ok(text) => println!("{text}"),
+            Ok(text) => text
+                .lines()
+                .for_each(|line| println!("{}", escape_controls(line))),
             Err(_) => println!("(binary; use --raw)"),
         }
     }

@@ -51,6 +51,35 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// Every global option as given (or defaulted), as arguments.
+    pub fn global_args(&self) -> Vec<std::ffi::OsString> {
+        let m = &self.model;
+        let backend = clap::ValueEnum::to_possible_value(&m.backend)
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--db".into(),
+            self.db.clone().into(),
+            "--model".into(),
+            backend.into(),
+            "--model-url".into(),
+            m.model_url.clone().into(),
+            "--model-name".into(),
+            m.model_name.clone().into(),
+            "--model-timeout-ms".into(),
+            m.model_timeout_ms.to_string().into(),
+        ];
+        if let Some(policy) = &self.policy {
+            args.extend(["--policy".into(), policy.clone().into_os_string()]);
+        }
+        if let Some(dir) = &self.cache_dir {
+            args.extend(["--cache-dir".into(), dir.clone().into_os_string()]);
+        }
+        args
+    }
+}
+
 /// The backend behind `model.generate`.
 #[derive(Debug, clap::Args)]
 pub struct ModelArgs {
@@ -248,9 +277,14 @@ pub fn main() -> ExitCode {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("RATCHET_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // Colour only for a terminal, and never when NO_COLOR is set
+    // (no-color.org: any value but the empty string).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
     if let Err(e) = crate::crash::setup_from_env() {
         eprintln!("error: {e}");
@@ -313,6 +347,9 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 /// Everything a command needs, opened once.
 pub struct Env {
     pub db: String,
+    /// The global options this process runs with, for a child `ratchet`
+    /// process that must run the same way (the demo's crashing worker).
+    pub global_args: Vec<std::ffi::OsString>,
     pub store: Arc<dyn Store>,
     pub clock: Arc<dyn Clock>,
     pub host: Arc<PluginHost>,
@@ -333,6 +370,7 @@ impl Env {
         )?);
         Ok(Self {
             db: db.to_string(),
+            global_args: cli.global_args(),
             store,
             clock,
             host,

@@ -83,12 +83,19 @@ pub enum ExecError {
     Contract(String),
     #[error("{0}")]
     Host(HostFailure),
+    /// The database refused to store the attempt's result (not a passing
+    /// fault of the connection): only this attempt fails.
+    #[error("the store refused the attempt's result: {0}")]
+    Refused(String),
 }
 
 impl ExecError {
     pub fn is_retryable(&self) -> bool {
         match self {
-            ExecError::Retryable(_) | ExecError::Trap(_) | ExecError::Timeout(_) => true,
+            ExecError::Retryable(_)
+            | ExecError::Trap(_)
+            | ExecError::Timeout(_)
+            | ExecError::Refused(_) => true,
             ExecError::Fatal(_) | ExecError::Contract(_) | ExecError::OutOfMemory(_) => false,
             ExecError::Host(h) => h.is_retryable(),
         }
@@ -321,7 +328,10 @@ impl PluginHost {
         Ok((component, fresh))
     }
 
-    /// The registered plugin with this digest, compiled once and cached.
+    /// The registered plugin with this digest, compiled once and cached. It
+    /// runs under the manifest admitted at registration, never under what
+    /// its `describe` says now: a component that describes itself otherwise
+    /// than when it was admitted is refused.
     pub async fn load(&self, digest: &str) -> Result<Arc<LoadedPlugin>, PluginError> {
         if let Some(hit) = self.cached(digest) {
             return Ok(hit);
@@ -331,7 +341,19 @@ impl PluginHost {
             .plugin_get(digest)
             .await?
             .ok_or_else(|| PluginError::Unknown(digest.to_string()))?;
-        self.inspect(&record.component).await
+        let admitted = PluginManifest::parse(
+            &format!("registered manifest of {}", &digest[..digest.len().min(12)]),
+            &record.summary.manifest,
+        )?;
+        let loaded = self.inspect(&record.component).await?;
+        if loaded.manifest != admitted {
+            lock(&self.cache).remove(digest);
+            return Err(PluginError::WrongWorld(format!(
+                "`describe` now returns another manifest than the one admitted when {}@{} was registered; the component is not deterministic and is not run (register a fixed version)",
+                admitted.name, admitted.version
+            )));
+        }
+        Ok(loaded)
     }
 
     fn cached(&self, digest: &str) -> Option<Arc<LoadedPlugin>> {
@@ -496,6 +518,9 @@ fn pooling(slots: u32, memory_cap_mb: u64) -> PoolingAllocationConfig {
     pool
 }
 
+/// Longest media type an output may carry, in bytes.
+const MAX_MEDIA_TYPE: usize = 255;
+
 fn check_outputs(
     manifest: &PluginManifest,
     limits: &EffectiveLimits,
@@ -505,10 +530,13 @@ fn check_outputs(
     let mut total = 0u64;
     let mut seen = std::collections::BTreeSet::new();
     for o in &outputs {
+        // Names and media types are the plugin's text: quoted escaped and
+        // bounded, never as given.
+        let quoted = |s: &str| crate::text::bounded(s, 64);
         if !manifest.outputs.contains(&o.name) {
             return Err(ExecError::Contract(format!(
                 "output `{}` is not declared (declared: [{}])",
-                o.name,
+                quoted(&o.name),
                 manifest.outputs.join(", ")
             )));
         }
@@ -518,7 +546,15 @@ fn check_outputs(
                 o.name
             )));
         }
-        total += o.bytes.len() as u64;
+        if o.media_type.len() > MAX_MEDIA_TYPE || o.media_type.chars().any(char::is_control) {
+            return Err(ExecError::Contract(format!(
+                "output `{}` has media type `{}` ({} bytes); a media type is at most {MAX_MEDIA_TYPE} bytes with no control characters",
+                o.name,
+                quoted(&o.media_type),
+                o.media_type.len()
+            )));
+        }
+        total += (o.bytes.len() + o.media_type.len()) as u64;
     }
     if let Some(missing) = manifest.outputs.iter().find(|n| !seen.contains(n.as_str())) {
         return Err(ExecError::Contract(format!(
@@ -527,7 +563,7 @@ fn check_outputs(
     }
     if total > max {
         return Err(ExecError::Contract(format!(
-            "outputs total {total} bytes, over the {max}-byte limit (raise limits.max_output_bytes)"
+            "outputs total {total} bytes with their media types, over the {max}-byte limit (raise limits.max_output_bytes)"
         )));
     }
     Ok(outputs

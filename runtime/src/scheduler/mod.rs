@@ -236,11 +236,13 @@ impl Scheduler {
         let now = self.clock.now_ms();
         let longest = i64::try_from(self.host.policy().caps.timeout_ms).unwrap_or(i64::MAX);
         let lease_ms = self.config.lease_ms;
-        let attempts: Vec<(i64, i64)> = lock(&self.held)
+        let mut attempts: Vec<(i64, i64)> = lock(&self.held)
             .iter()
             .filter(|(_, first_lease)| now < (*first_lease - lease_ms).saturating_add(longest))
             .map(|(key, _)| *key)
             .collect();
+        // In job id order, the order every write locks job rows in.
+        attempts.sort_unstable();
         if attempts.is_empty() {
             return Ok(0);
         }
@@ -390,11 +392,14 @@ impl Scheduler {
             }
             Err(error) => {
                 let retry_at = now + self.config.backoff.delay_ms(job.attempt);
+                // The plugin's (or a model server's) words: stored escaped
+                // and bounded, whatever bytes they hold.
+                let text = crate::text::bounded(&error.to_string(), crate::text::MAX_ERROR_BYTES);
                 let fail = JobFail {
                     job_id: job.job_id,
                     attempt: job.attempt,
                     worker: self.config.worker_id.clone(),
-                    error: error.to_string(),
+                    error: text.clone(),
                     retryable: error.is_retryable(),
                     retry_at,
                     input_digests: execution.input_digests.clone(),
@@ -403,13 +408,8 @@ impl Scheduler {
                 let failed = self.store.job_fail(fail).await?;
                 self.hand_over(job, None);
                 match failed {
-                    FailOutcome::Retrying { at } => AttemptOutcome::Retrying {
-                        at,
-                        error: error.to_string(),
-                    },
-                    FailOutcome::Dead => AttemptOutcome::Dead {
-                        error: error.to_string(),
-                    },
+                    FailOutcome::Retrying { at } => AttemptOutcome::Retrying { at, error: text },
+                    FailOutcome::Dead => AttemptOutcome::Dead { error: text },
                     FailOutcome::LeaseLost => AttemptOutcome::LeaseLost,
                 }
             }
@@ -433,7 +433,7 @@ impl Scheduler {
         claim_next: bool,
     ) -> Result<(Finished, Option<ClaimedJob>), StoreError> {
         let claimed_inputs = job.inputs.take();
-        let execution = match self.execute_on(&job, claimed_inputs).await {
+        let mut execution = match self.execute_on(&job, claimed_inputs).await {
             Ok(execution) => execution,
             Err(e) => {
                 // Abandoned: the lease lapses and the attempt is retried.
@@ -449,8 +449,16 @@ impl Scheduler {
                     tracing::warn!(run = %job.run_id, stage = %job.stage, "finishing the attempt failed, retrying: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(50 << tries)).await;
                 }
+                Err(e) if e.is_refusal() && execution.result.is_ok() => {
+                    // The database refused this attempt's result (a value
+                    // it cannot store, a constraint): this attempt fails
+                    // with the reason, and the worker carries on.
+                    tracing::warn!(run = %job.run_id, stage = %job.stage, "the store refused a completion: {e}");
+                    execution.result = Err(ExecError::Refused(e.to_string()));
+                }
                 Err(e) => {
                     // Given up: as above.
+                    tracing::error!(run = %job.run_id, stage = %job.stage, attempt = job.attempt, "attempt abandoned, its lease will lapse: {e}");
                     self.hand_over(&job, None);
                     return Err(e);
                 }

@@ -44,6 +44,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the database refused this operation for what it was asked
+    /// to write (a constraint, a value it cannot store): the same request
+    /// fails the same way, but other operations are unaffected.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Database(sqlx::Error::Database(_) | sqlx::Error::Encode(_))
+        ) && !self.is_transient()
+    }
+
     /// Whether retrying the same operation may succeed (lock contention,
     /// a dropped connection) rather than fail the same way again.
     pub fn is_transient(&self) -> bool {

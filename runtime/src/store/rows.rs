@@ -206,7 +206,10 @@ pub(crate) fn model_call(row: &impl RowExt) -> Result<ModelCall> {
         stage: row.text("stage")?,
         index: row.int("call_index")?,
         request_digest: row.text("request_digest")?,
-        response: row.text("response")?,
+        // Stored as bytes (a NUL is a valid character of an answer).
+        response: String::from_utf8(row.opt_blob("response")?.unwrap_or_default())
+            .map_err(|e| corrupt("model_calls", format!("an answer that is not UTF-8: {e}")))?,
+        rejected: row.int("rejected")? != 0,
         attempt: row.int("attempt")?,
     })
 }
@@ -298,6 +301,60 @@ pub(crate) fn repin_refusal(
         return Some(RepinOutcome::JobNotWaiting(state));
     }
     (pinned != r.from_digest).then(|| RepinOutcome::PinMoved(pinned.to_string()))
+}
+
+/// The ordering edges a repin adds into `stage` for the new version's
+/// `after`: each named stage with no edge into `stage` yet, with whether it
+/// has already succeeded (the edge is then satisfied). `edges` are the
+/// run's `(from, to)` pairs and `states` its jobs' states. Refused, with the
+/// reason, for a stage the run does not have, the stage itself, or a stage
+/// that already runs after `stage` (the new edge would close a cycle and
+/// neither could ever start).
+pub(crate) fn repin_after_edges(
+    stage: &str,
+    after: &[String],
+    edges: &[(String, String)],
+    states: &BTreeMap<String, JobState>,
+) -> std::result::Result<Vec<(String, bool)>, String> {
+    let mut downstream = std::collections::BTreeSet::from([stage]);
+    let mut frontier = vec![stage];
+    while let Some(from) = frontier.pop() {
+        for (_, to) in edges.iter().filter(|(f, _)| f == from) {
+            if downstream.insert(to.as_str()) {
+                frontier.push(to);
+            }
+        }
+    }
+    let mut added = Vec::new();
+    for dep in after {
+        let Some(state) = states.get(dep) else {
+            return Err(format!(
+                "the new version must run after stage `{dep}`, which this run does not have"
+            ));
+        };
+        if downstream.contains(dep.as_str()) {
+            return Err(format!(
+                "the new version must run after stage `{dep}`, which runs after `{stage}` in this run (a cycle)"
+            ));
+        }
+        let present = edges.iter().any(|(f, t)| f == dep && t == stage)
+            || added.iter().any(|(d, _)| d == dep);
+        if !present {
+            added.push((dep.clone(), *state == JobState::Succeeded));
+        }
+    }
+    Ok(added)
+}
+
+/// A run's `(stage, state)` rows by stage.
+pub(crate) fn run_job_states(rows: Vec<(String, String)>) -> Result<BTreeMap<String, JobState>> {
+    rows.into_iter()
+        .map(|(stage, state)| {
+            let parsed = JobState::parse(&state)
+                .ok_or_else(|| corrupt("jobs", format!("unknown job state `{state}`")))?;
+            Ok((stage, parsed))
+        })
+        .collect()
 }
 
 pub(crate) fn loaded_input(row: &impl RowExt) -> Result<LoadedInput> {

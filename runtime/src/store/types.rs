@@ -98,6 +98,10 @@ pub struct PluginSummary {
 /// A run input (`$input`) is stored as the artifact `(run, "$run", "input")`
 /// so that every stage input, without exception, is read from `artifacts`.
 pub const RUN_INPUT_STAGE: &str = "$run";
+/// The error recorded on an attempt that was still running when another
+/// stage of its run died: its job is cancelled and its result discarded.
+pub const RUN_FAILED_IN_FLIGHT: &str =
+    "the run failed while this attempt ran; its job was cancelled and its result is discarded";
 pub const RUN_INPUT_OUTPUT: &str = "input";
 
 #[derive(Debug, Clone)]
@@ -365,6 +369,9 @@ pub struct JobSummary {
     /// Earliest time after `now` at which a ready job falls due or a lease
     /// expires.
     pub next_due_at: Option<i64>,
+    /// Running jobs whose lease lapsed by `now` on their last attempt: no
+    /// claim takes them; [`Store::reconcile`] ends them.
+    pub lapsed_on_last_attempt: i64,
 }
 
 impl JobSummary {
@@ -457,7 +464,9 @@ pub struct ModelCallPut {
     pub stage: String,
     pub index: i64,
     pub request_digest: String,
+    /// The answer, or with `rejected` the backend's reason for refusing.
     pub response: String,
+    pub rejected: bool,
     pub attempt: i64,
     pub now: i64,
 }
@@ -468,7 +477,10 @@ pub struct ModelCall {
     pub stage: String,
     pub index: i64,
     pub request_digest: String,
+    /// The answer, or with `rejected` the backend's reason for refusing.
     pub response: String,
+    /// The backend refused the request: a retry is refused the same way.
+    pub rejected: bool,
     /// The attempt whose answer this is.
     pub attempt: i64,
 }
@@ -522,6 +534,8 @@ pub struct AuditFacts {
     pub artifacts: Vec<ArtifactMeta>,
     pub attempts: Vec<AttemptRow>,
     pub outbox: Vec<OutboxRow>,
+    /// Artifacts whose stored bytes no longer hash to their recorded digest.
+    pub digest_mismatches: Vec<ArtifactMeta>,
 }
 
 #[derive(Debug, Clone)]
@@ -533,6 +547,9 @@ pub struct JobRepin {
     pub from_digest: String,
     pub to_digest: String,
     pub emits: Vec<String>,
+    /// The new version's `after` stages: each becomes an ordering edge
+    /// into the stage, in the repin's transaction.
+    pub after: Vec<String>,
     /// Recorded in the run's history.
     pub detail: String,
     pub now: i64,
@@ -549,6 +566,10 @@ pub enum RepinOutcome {
     JobNotWaiting(JobState),
     /// The job was pinned to another digest than `from_digest`.
     PinMoved(String),
+    /// The stage journaled model answers under its pinned version.
+    Journaled,
+    /// The new version's `after` cannot be kept in this run (the reason).
+    AfterRefused(String),
 }
 
 #[derive(Debug, Clone, Serialize)]

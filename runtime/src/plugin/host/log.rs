@@ -1,4 +1,5 @@
-//! `log`: lines go to the host's tracing output, tagged with run and stage.
+//! `log`: lines go to the host's tracing output, tagged with run and stage,
+//! their control characters escaped.
 //! `log` returns nothing, so a denied call is counted and dropped.
 
 use super::super::HostState;
@@ -8,21 +9,15 @@ use super::super::ratchet::stage::log::{Host, Level};
 const MAX_MESSAGE: usize = 4096;
 
 impl Host for HostState {
-    async fn log(&mut self, level: Level, mut message: String) -> wasmtime::Result<()> {
+    async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
         if let Some(call) = self.call.as_mut() {
             call.count_call()?;
             if !call.grants.log {
                 return Ok(());
             }
         }
-        if message.len() > MAX_MESSAGE {
-            let mut cut = MAX_MESSAGE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-            message.push('…');
-        }
+        // A plugin's line reaches a terminal: no escape sequences, no NULs.
+        let message = crate::text::bounded(&message, MAX_MESSAGE);
         let (run, stage) = match &self.call {
             Some(c) => (c.inv.run_id.as_str(), c.inv.stage.as_str()),
             None => ("-", "-"),

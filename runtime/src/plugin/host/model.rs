@@ -1,6 +1,7 @@
 //! `model.generate`: journaled canonical-first. The k-th call of a stage in a
 //! run is answered from the journal when an earlier attempt recorded it, and
-//! otherwise asked of the backend and recorded before the plugin sees it.
+//! otherwise asked of the backend and recorded before the plugin sees it;
+//! a backend's refusal is recorded and replayed the same way.
 
 use super::super::HostState;
 use super::super::ratchet::stage::model::{Host, ModelError, Request};
@@ -69,6 +70,9 @@ async fn journaled(call: &mut CallContext, request: ModelRequest) -> Result<Stri
         return Err(ModelError::Rejected(message));
     }
     crate::crash::point("after_model_call");
+    if answer.rejected {
+        return Err(ModelError::Rejected(answer.response));
+    }
     Ok(answer.response)
 }
 
@@ -80,13 +84,16 @@ async fn ask_and_journal(
     index: i64,
     request_digest: &str,
 ) -> Result<ModelCall, ModelError> {
-    let fresh = match call.model.generate(request).await {
-        Ok(text) => text,
+    // A refusal is journaled like an answer: it used this call index, and a
+    // retry must meet it there, or its later calls would no longer line up
+    // with the journal.
+    let (fresh, rejected) = match call.model.generate(request).await {
+        Ok(text) => (text, false),
         Err(BackendError::Unavailable(m)) => {
             call.fail(HostFailure::Model(m.clone()));
             return Err(ModelError::Unavailable(m));
         }
-        Err(BackendError::Rejected(m)) => return Err(ModelError::Rejected(m)),
+        Err(BackendError::Rejected(m)) => (m, true),
     };
     let put = ModelCallPut {
         run_id: call.inv.run_id.clone(),
@@ -94,6 +101,7 @@ async fn ask_and_journal(
         index,
         request_digest: request_digest.to_string(),
         response: fresh,
+        rejected,
         attempt: call.inv.attempt,
         now: call.clock.now_ms(),
     };

@@ -117,15 +117,17 @@ pub(super) async fn inputs_load(
 pub(super) async fn model_call_put(store: &PostgresStore, m: ModelCallPut) -> Result<ModelCall> {
     let mut tx = store.begin_write().await?;
     sqlx::query(
-        "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, attempt, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
+        "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, rejected,
+                                 attempt, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
          ON CONFLICT (run_id, stage, call_index) DO NOTHING",
     )
     .bind(&m.run_id)
     .bind(&m.stage)
     .bind(m.index)
     .bind(&m.request_digest)
-    .bind(&m.response)
+    .bind(m.response.as_bytes())
+    .bind(i64::from(m.rejected))
     .bind(m.attempt)
     .bind(m.now)
     .execute(&mut *tx)

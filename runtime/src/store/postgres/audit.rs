@@ -53,6 +53,16 @@ pub(super) async fn facts(store: &PostgresStore) -> Result<AuditFacts> {
     let artifacts = artifacts::list(&mut *tx, None).await?;
     let attempts = attempts(&mut *tx, None).await?;
     let outbox = outbox(&mut *tx, None).await?;
+    let digest_mismatches = sqlx::query(
+        "SELECT run_id, stage, output, media_type, digest, size, attempt, plugin_digest, created_at
+         FROM artifacts WHERE encode(sha256(bytes), 'hex') <> digest
+         ORDER BY run_id, stage, output",
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    .iter()
+    .map(rows::artifact_meta)
+    .collect::<Result<Vec<_>>>()?;
     tx.commit().await?;
     Ok(AuditFacts {
         runs,
@@ -62,5 +72,6 @@ pub(super) async fn facts(store: &PostgresStore) -> Result<AuditFacts> {
         artifacts,
         attempts,
         outbox,
+        digest_mismatches,
     })
 }

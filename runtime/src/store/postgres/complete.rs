@@ -34,9 +34,14 @@ pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatc
     };
     // After the commit, not in it: a transaction that notifies holds a
     // lock shared by every notifier until its commit is flushed, which
-    // would put the parallel committers' flushes in a row.
-    if complete::released_unclaimed(b, &outcome) {
-        notify_ready(&store.pool).await?;
+    // would put the parallel committers' flushes in a row. Best-effort: the
+    // batch committed, and an error here must not report it as failed
+    // (it would be re-sent, fenced out as lease-lost, and the jobs it
+    // claimed orphaned); idle workers poll as a safety net.
+    if complete::released_unclaimed(b, &outcome)
+        && let Err(e) = notify_ready(&store.pool).await
+    {
+        tracing::warn!("announcing released jobs failed (workers will find them by polling): {e}");
     }
     Ok(outcome)
 }

@@ -124,8 +124,11 @@ pub(super) async fn fence(
     .await?)
 }
 
-/// Dead job, cancelled not-yet-started jobs, failed run: jobs before the
-/// run row, as in completion.
+/// Marks the job dead, ends the run's other jobs and fails the run: a
+/// failed run starts nothing new. Jobs still running are cancelled too, so
+/// their attempts are fenced out when they finish and their leases are
+/// never taken over (docs/job-states.md). Jobs before the run row, as in
+/// completion.
 async fn kill_job(tx: &mut Tx, job_id: i64, run_id: &str, error: &str, now: i64) -> Result<()> {
     sqlx::query(
         "UPDATE jobs SET state = 'dead', lease_owner = NULL, lease_expires_at = NULL,
@@ -138,8 +141,19 @@ async fn kill_job(tx: &mut Tx, job_id: i64, run_id: &str, error: &str, now: i64)
     .execute(&mut **tx)
     .await?;
     sqlx::query(
-        "UPDATE jobs SET state = 'cancelled', last_error = 'run failed', updated_at = $1
-         WHERE run_id = $2 AND state IN ('blocked', 'ready')",
+        "UPDATE attempts SET outcome = 'failed', finished_at = $1, error = $2
+         WHERE outcome = 'running'
+           AND job_id IN (SELECT id FROM jobs WHERE run_id = $3 AND state = 'running')",
+    )
+    .bind(now)
+    .bind(RUN_FAILED_IN_FLIGHT)
+    .bind(run_id)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "UPDATE jobs SET state = 'cancelled', lease_owner = NULL, lease_expires_at = NULL,
+                last_error = 'run failed', updated_at = $1
+         WHERE run_id = $2 AND state IN ('blocked', 'ready', 'running')",
     )
     .bind(now)
     .bind(run_id)
@@ -160,11 +174,19 @@ pub(super) async fn renew(store: &PostgresStore, r: LeaseRenewal) -> Result<u64>
         return Ok(0);
     }
     let (jobs, attempts): (Vec<i64>, Vec<i64>) = r.attempts.iter().copied().unzip();
+    // Rows locked in job id order, as the completion's fence locks them
+    // (migration 0006): a renewal and a batch over the same jobs cannot
+    // each hold a row the other waits for.
     let renewed = sqlx::query(
-        "UPDATE jobs SET lease_expires_at = $1
-         FROM unnest($2::BIGINT[], $3::BIGINT[]) AS k (id, attempt)
-         WHERE jobs.id = k.id AND jobs.attempt = k.attempt AND jobs.state = 'running'
-           AND jobs.lease_owner = $4 AND jobs.lease_expires_at < $1",
+        "WITH held AS (
+             SELECT j.id FROM jobs j
+             JOIN unnest($2::BIGINT[], $3::BIGINT[]) AS k (id, attempt)
+               ON j.id = k.id AND j.attempt = k.attempt
+             WHERE j.state = 'running' AND j.lease_owner = $4 AND j.lease_expires_at < $1
+             ORDER BY j.id
+             FOR UPDATE OF j
+         )
+         UPDATE jobs SET lease_expires_at = $1 FROM held WHERE jobs.id = held.id",
     )
     .bind(r.lease_expires_at)
     .bind(&jobs)
@@ -237,9 +259,17 @@ pub(super) async fn summary(store: &PostgresStore, now: i64) -> Result<JobSummar
     .bind(now)
     .fetch_one(&store.pool)
     .await?;
+    let lapsed_on_last_attempt: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM jobs
+         WHERE state = 'running' AND lease_expires_at <= $1 AND attempt >= max_attempts",
+    )
+    .bind(now)
+    .fetch_one(&store.pool)
+    .await?;
     Ok(JobSummary {
         counts,
         next_due_at,
+        lapsed_on_last_attempt,
     })
 }
 

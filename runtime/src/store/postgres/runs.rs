@@ -136,14 +136,64 @@ pub(super) async fn repin(store: &PostgresStore, r: JobRepin) -> Result<RepinOut
     ) {
         return Ok(refused);
     }
-    sqlx::query("UPDATE jobs SET plugin_digest = $1, emits = $2, updated_at = $3 WHERE run_id = $4 AND stage = $5")
-        .bind(&r.to_digest)
-        .bind(to_json(&r.emits))
-        .bind(r.now)
+    let journaled: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM model_calls WHERE run_id = $1 AND stage = $2)",
+    )
+    .bind(&r.run_id)
+    .bind(&r.stage)
+    .fetch_one(&mut *tx)
+    .await?;
+    if journaled {
+        return Ok(RepinOutcome::Journaled);
+    }
+    // Edges and states read without further locks: an `after` stage that
+    // succeeds while this commits leaves its new edge unsatisfied, and the
+    // reconciler satisfies it (it repairs edges of succeeded stages).
+    let added = if r.after.is_empty() {
+        Vec::new()
+    } else {
+        let edges: Vec<(String, String)> =
+            sqlx::query_as("SELECT from_stage, to_stage FROM edges WHERE run_id = $1")
+                .bind(&r.run_id)
+                .fetch_all(&mut *tx)
+                .await?;
+        let states = run_job_states(
+            sqlx::query_as("SELECT stage, state FROM jobs WHERE run_id = $1")
+                .bind(&r.run_id)
+                .fetch_all(&mut *tx)
+                .await?,
+        )?;
+        match rows::repin_after_edges(&r.stage, &r.after, &edges, &states) {
+            Ok(added) => added,
+            Err(reason) => return Ok(RepinOutcome::AfterRefused(reason)),
+        }
+    };
+    for (from, satisfied) in &added {
+        sqlx::query(
+            "INSERT INTO edges (run_id, from_stage, to_stage, kind, satisfied)
+             VALUES ($1, $2, $3, 'after', $4)",
+        )
         .bind(&r.run_id)
+        .bind(from)
         .bind(&r.stage)
+        .bind(i64::from(*satisfied))
         .execute(&mut *tx)
         .await?;
+    }
+    let waits = added.iter().filter(|(_, satisfied)| !satisfied).count() as i64;
+    sqlx::query(
+        "UPDATE jobs SET plugin_digest = $1, emits = $2, updated_at = $3, pending = pending + $6,
+                state = CASE WHEN $6 > 0 THEN 'blocked' ELSE state END
+         WHERE run_id = $4 AND stage = $5",
+    )
+    .bind(&r.to_digest)
+    .bind(to_json(&r.emits))
+    .bind(r.now)
+    .bind(&r.run_id)
+    .bind(&r.stage)
+    .bind(waits)
+    .execute(&mut *tx)
+    .await?;
     sqlx::query("INSERT INTO run_events (run_id, stage, kind, detail, at) VALUES ($1, $2, 'upgrade', $3, $4)")
         .bind(&r.run_id)
         .bind(&r.stage)

@@ -4,7 +4,7 @@ use sqlx::{Row, SqlitePool};
 
 use super::*;
 
-const META_COLUMNS: &str =
+pub(super) const META_COLUMNS: &str =
     "run_id, stage, output, media_type, digest, size, attempt, plugin_digest, created_at";
 
 /// One artifact, canonical-first, in a transaction of its own.
@@ -130,15 +130,17 @@ pub(super) async fn model_call_put(store: &SqliteStore, m: ModelCallPut) -> Resu
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
     sqlx::query(
-        "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, attempt, created_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?)
+        "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, rejected,
+                                 attempt, created_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)
          ON CONFLICT (run_id, stage, call_index) DO NOTHING",
     )
     .bind(&m.run_id)
     .bind(&m.stage)
     .bind(m.index)
     .bind(&m.request_digest)
-    .bind(&m.response)
+    .bind(m.response.as_bytes())
+    .bind(i64::from(m.rejected))
     .bind(m.attempt)
     .bind(m.now)
     .execute(&mut *tx)

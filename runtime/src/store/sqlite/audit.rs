@@ -61,6 +61,7 @@ pub(super) async fn facts(store: &SqliteStore) -> Result<AuditFacts> {
     let artifacts = artifacts::list(&mut *tx, None).await?;
     let attempts = attempts(&mut *tx, None).await?;
     let outbox = outbox(&mut *tx, None).await?;
+    let digest_mismatches = digest_mismatches(&mut tx).await?;
     tx.commit().await?;
     Ok(AuditFacts {
         runs,
@@ -70,5 +71,35 @@ pub(super) async fn facts(store: &SqliteStore) -> Result<AuditFacts> {
         artifacts,
         attempts,
         outbox,
+        digest_mismatches,
     })
+}
+
+/// Artifacts whose bytes no longer hash to their digest, read a page of
+/// rows at a time (SQLite has no SHA-256 of its own).
+async fn digest_mismatches(tx: &mut sqlx::Transaction<'_, Sqlite>) -> Result<Vec<ArtifactMeta>> {
+    const PAGE: i64 = 256;
+    let mut mismatches = Vec::new();
+    let mut after = i64::MIN;
+    loop {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT rowid AS n, {} , bytes FROM artifacts WHERE rowid > ? ORDER BY rowid LIMIT ?",
+            artifacts::META_COLUMNS
+        )))
+        .bind(after)
+        .bind(PAGE)
+        .fetch_all(&mut **tx)
+        .await?;
+        for row in &rows {
+            after = rows::RowExt::int(row, "n")?;
+            let bytes = rows::RowExt::opt_blob(row, "bytes")?.unwrap_or_default();
+            let meta = rows::artifact_meta(row)?;
+            if crate::digest::sha256_hex(&bytes) != meta.digest {
+                mismatches.push(meta);
+            }
+        }
+        if (rows.len() as i64) < PAGE {
+            return Ok(mismatches);
+        }
+    }
 }

@@ -154,8 +154,10 @@ pub(super) async fn fence(
     .await?)
 }
 
-/// Marks the job dead, the run failed and every job that has not started
-/// cancelled: a failed run starts nothing new.
+/// Marks the job dead, ends the run's other jobs and fails the run: a
+/// failed run starts nothing new. Jobs still running are cancelled too, so
+/// their attempts are fenced out when they finish and their leases are
+/// never taken over (docs/job-states.md).
 async fn kill_job(tx: &mut Tx<'_>, job_id: i64, run_id: &str, error: &str, now: i64) -> Result<()> {
     sqlx::query(
         "UPDATE jobs SET state = 'dead', lease_owner = NULL, lease_expires_at = NULL,
@@ -168,15 +170,26 @@ async fn kill_job(tx: &mut Tx<'_>, job_id: i64, run_id: &str, error: &str, now: 
     .execute(&mut **tx)
     .await?;
     sqlx::query(
-        "UPDATE runs SET state = 'failed', finished_at = ? WHERE id = ? AND state = 'running'",
+        "UPDATE attempts SET outcome = 'failed', finished_at = ?1, error = ?2
+         WHERE outcome = 'running'
+           AND job_id IN (SELECT id FROM jobs WHERE run_id = ?3 AND state = 'running')",
+    )
+    .bind(now)
+    .bind(RUN_FAILED_IN_FLIGHT)
+    .bind(run_id)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "UPDATE jobs SET state = 'cancelled', lease_owner = NULL, lease_expires_at = NULL,
+                last_error = 'run failed', updated_at = ?
+         WHERE run_id = ? AND state IN ('blocked', 'ready', 'running')",
     )
     .bind(now)
     .bind(run_id)
     .execute(&mut **tx)
     .await?;
     sqlx::query(
-        "UPDATE jobs SET state = 'cancelled', last_error = 'run failed', updated_at = ?
-         WHERE run_id = ? AND state IN ('blocked', 'ready')",
+        "UPDATE runs SET state = 'failed', finished_at = ? WHERE id = ? AND state = 'running'",
     )
     .bind(now)
     .bind(run_id)
@@ -283,9 +296,18 @@ pub(super) async fn summary(store: &SqliteStore, now: i64) -> Result<JobSummary>
     .bind(now)
     .fetch_one(&store.pool)
     .await?;
+    let lapsed_on_last_attempt: i64 = sqlx::query_scalar(concat!(
+        "SELECT COUNT(*) FROM jobs WHERE state = 'running' AND ",
+        live!(),
+        " AND lease_expires_at <= ? AND attempt >= max_attempts"
+    ))
+    .bind(now)
+    .fetch_one(&store.pool)
+    .await?;
     Ok(JobSummary {
         counts,
         next_due_at,
+        lapsed_on_last_attempt,
     })
 }
 

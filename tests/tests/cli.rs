@@ -196,3 +196,24 @@ async fn a_worker_stops_cleanly_on_sigterm() {
         .expect("wait");
     assert!(status.success(), "{status:?}");
 }
+
+/// Log lines carry no colour codes when stderr is not a terminal, nor with
+/// `NO_COLOR`. Seen failing before the fix: every line started with
+/// `\x1b[2m` (tracing's default is colour whatever the output).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_lines_carry_no_colour_codes_off_a_terminal() {
+    let h = Harness::new().await;
+    for no_color in [None, Some("1")] {
+        let mut cmd = ratchet(BIN, &h.url);
+        cmd.args(["worker", "--until-idle"])
+            .env("RATCHET_LOG", "debug");
+        if let Some(v) = no_color {
+            cmd.env("NO_COLOR", v);
+        }
+        let out = output(cmd).await;
+        assert!(out.status.success(), "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.is_empty(), "debug logging wrote lines");
+        assert!(!stderr.contains('\u{1b}'), "{stderr}");
+    }
+}

@@ -214,3 +214,26 @@ async fn the_cli_refuses_a_bad_model_url_in_one_line() {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("`not a url`"), "{stderr}");
 }
+
+/// The demo's crashing child worker runs with the parent's global options.
+/// Seen failing before the fix (the child got only `--db`): the child asked
+/// the built-in stochastic model, so the server was never asked and the
+/// draft was the stochastic answer replayed under the OpenAI backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demos_crashing_worker_asks_the_parents_model_backend() {
+    let (url, script) = server(&[Reply::Answer("the server's announcement")]).await;
+    let h = Harness::new().await;
+    let mut demo = ratchet(BIN, &h.url);
+    demo.args(["--model", "openai", "--model-url", &url])
+        .args(["--model-name", "test-model", "demo", "--runs", "1"])
+        .env("RATCHET_MODEL_API_KEY", "sk-test");
+    let out = output(demo).await;
+    assert!(out.status.success(), "{out:?}");
+    let seen = script.seen.lock().expect("seen").clone();
+    assert_eq!(seen.len(), 1, "the child asked the server once: {seen:?}");
+    assert_eq!(seen[0].1["model"], "test-model");
+    let runs = h.store.run_list().await.expect("runs");
+    let calls = h.store.model_call_list(&runs[0].id).await.expect("journal");
+    assert_eq!(calls[0].response, "the server's announcement");
+    assert_eq!(calls[0].attempt, 1, "answered to the crashed attempt");
+}

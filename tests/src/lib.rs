@@ -9,7 +9,7 @@ use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratchet_runtime::audit::{AuditReport, audit};
+use ratchet_runtime::audit::{AuditReport, audit_store};
 use ratchet_runtime::bundled::PLUGIN_DIR;
 use ratchet_runtime::clock::{Clock, SystemClock};
 use ratchet_runtime::manifest::Pipeline;
@@ -265,7 +265,9 @@ impl Harness {
     }
 
     pub async fn audit(&self) -> AuditReport {
-        audit(&self.store.audit_facts().await.expect("audit facts"))
+        audit_store(self.store.as_ref(), None, &mut |_| {})
+            .await
+            .expect("audit")
     }
 
     pub async fn json(&self, run: &str, stage: &str, output: &str) -> Value {

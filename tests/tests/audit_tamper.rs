@@ -4,6 +4,10 @@
 //!
 //! Seen failing before the checks existed (item 5 of #20): every tamper but
 //! the unsatisfied edge of a succeeded stage passed as clean.
+//!
+//! On PostgreSQL, a constructed interleaving shows why the claim's sequence
+//! value cannot be trusted to follow its predecessor's commit, and that the
+//! audit now catches it (item 7, ADR 0018).
 
 use std::sync::Arc;
 
@@ -128,6 +132,14 @@ async fn tampered_invariants_are_named(backend: Backend) {
         "outbox event `x` was written, but the stage is dead",
     )
     .await;
+    caught(
+        &h,
+        backend,
+        &format!("UPDATE attempts SET claim_seq = claim_seq + 1000000 WHERE run_id = '{doomed}'"),
+        &format!("UPDATE attempts SET claim_seq = claim_seq - 1000000 WHERE run_id = '{doomed}'"),
+        "after the run failed",
+    )
+    .await;
     let zeroed = match backend {
         Backend::Sqlite => "X'00'",
         Backend::Postgres => "'\\x00'::BYTEA",
@@ -154,4 +166,72 @@ async fn tampered_invariants_are_named(backend: Backend) {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Item 7 of #20. `a`'s completion takes its sequence value and is still
+/// open when `b` is released early (the bug an audit must catch) and
+/// claimed: `b`'s claim value is the later one although `a` commits after
+/// it. Seen failing before the fix: the audit compared sequence values
+/// only and reported the run clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_before_its_predecessor_committed_is_caught_whatever_the_sequence_says() {
+    let Some(h) = Harness::on(Backend::Postgres, Arc::new(SystemClock)).await else {
+        return;
+    };
+    h.register(&["noop", "pass"]).await;
+    let pipeline = r#"
+name = "two"
+[[stage]]
+name = "a"
+plugin = "noop@^1"
+[[stage]]
+name = "b"
+plugin = "pass@^1"
+inputs = { in = "a.out" }
+"#;
+    let run = h.submit(pipeline, b"").await;
+    let sched = h.scheduler("worker", 30_000);
+    sched.claim(None).await.expect("claim").expect("a");
+    let pool = sqlx::PgPool::connect(&h.url).await.expect("postgres");
+    // `a`'s completion, in flight: its sequence value taken, not committed.
+    let mut completing = pool.begin().await.expect("begin");
+    sqlx::query(
+        "UPDATE jobs SET state = 'succeeded', succeeded_seq = nextval('ratchet_seq')
+         WHERE run_id = $1 AND stage = 'a'",
+    )
+    .bind(&run)
+    .execute(&mut *completing)
+    .await
+    .expect("a succeeds");
+    sqlx::query("UPDATE edges SET satisfied = 1 WHERE run_id = $1 AND from_stage = 'a'")
+        .bind(&run)
+        .execute(&mut *completing)
+        .await
+        .expect("edge satisfied");
+    // The bug: `b` released before `a` committed, and claimed.
+    sqlx::query("UPDATE jobs SET state = 'ready', pending = 0 WHERE run_id = $1 AND stage = 'b'")
+        .bind(&run)
+        .execute(&pool)
+        .await
+        .expect("released early");
+    let b = sched.claim(None).await.expect("claim").expect("b");
+    assert_eq!(b.stage, "b");
+    completing.commit().await.expect("a commits after b's claim");
+    let jobs = h.store.job_list(&run).await.expect("jobs");
+    let attempts = h.store.attempt_list(&run).await.expect("attempts");
+    let a_seq = jobs[0].succeeded_seq.expect("a's value");
+    assert!(
+        a_seq < attempts[1].claim_seq,
+        "the sequence says a came first: {a_seq} < {}",
+        attempts[1].claim_seq
+    );
+    let report = h.audit().await;
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.stage == "b" && v.detail.contains("claimed when 0 of its 1 dependencies")),
+        "{:#?}",
+        report.violations
+    );
 }

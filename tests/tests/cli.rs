@@ -217,3 +217,21 @@ async fn log_lines_carry_no_colour_codes_off_a_terminal() {
         assert!(!stderr.contains('\u{1b}'), "{stderr}");
     }
 }
+
+/// `ratchet audit --run RUN` audits that run alone; an unknown run is bad
+/// input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_checks_one_run_when_asked() {
+    let h = Harness::new().await;
+    h.register(&ratchet_tests::DEMO_PLUGINS).await;
+    let run = h.submit_demo().await;
+    h.submit_demo().await;
+    h.run_until_idle(2).await;
+    let out = cli(&h.url, &["audit", "--run", &run, "--json"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!((report["runs"].as_u64(), report["jobs"].as_u64()), (Some(1), Some(4)));
+    let out = cli(&h.url, &["audit"]).await;
+    assert!(stdout(&out).contains("audited 2 runs, 8 jobs"), "{out:?}");
+    assert_bad_input(&cli(&h.url, &["audit", "--run", "no-such-run"]).await, "does not exist");
+}

@@ -50,11 +50,8 @@ async fn finish_and_check(h: &Harness, runs: &[String], label: &str, kills: usiz
         attempts += rows.len();
         retries += rows.len() - 4;
     }
-    let artifacts: usize = {
-        let facts = h.store.audit_facts().await.expect("facts");
-        facts.artifacts.len()
-    };
     let report = h.audit().await;
+    let artifacts = report.artifacts;
     println!(
         "{label}: {kills} kills, {} runs, {attempts} attempts, {retries} retries, 0 lost, 0 duplicates, {artifacts} artifacts, audit clean: {}",
         runs.len(),

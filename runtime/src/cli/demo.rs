@@ -61,7 +61,7 @@ pub async fn run(env: &Env, runs: u32) -> Result<ExitCode> {
         tell_the_story(env, &run_ids).await?;
     }
     summary_table(env, &run_ids).await?;
-    let report = crate::audit::audit(&env.store.audit_facts().await?);
+    let report = crate::audit::audit_store(env.store.as_ref(), None, &mut |_| {}).await?;
     if report.is_clean() {
         println!(
             "\nAudit: all three invariants hold over {} runs, {} jobs, {} attempts (`ratchet audit`).",

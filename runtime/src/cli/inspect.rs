@@ -206,9 +206,39 @@ pub async fn artifacts(
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn audit(env: &Env, json: bool) -> Result<ExitCode> {
-    let facts = env.store.audit_facts().await?;
-    let report = crate::audit::audit(&facts);
+pub async fn audit(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode> {
+    if let Some(run_id) = run
+        && env.store.run_get(run_id).await?.is_none()
+    {
+        return Err(BadInput(format!(
+            "run `{run_id}` does not exist (list runs with `ratchet status`)"
+        ))
+        .into());
+    }
+    // Progress only where a person watches: on a terminal.
+    let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} auditing: {msg} ({elapsed})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        bar
+    });
+    let mut progress = |r: &crate::audit::AuditReport| {
+        if let Some(bar) = &bar {
+            bar.set_message(format!(
+                "{} runs, {} jobs, {} violations",
+                r.runs,
+                r.jobs,
+                r.violations.len()
+            ));
+            bar.tick();
+        }
+    };
+    let report = crate::audit::audit_store(env.store.as_ref(), run, &mut progress).await?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

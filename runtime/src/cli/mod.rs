@@ -178,8 +178,12 @@ pub enum Command {
         #[arg(long, requires = "artifact")]
         raw: bool,
     },
-    /// Check the three invariants over the whole database.
+    /// Check the three invariants over the whole database, one run at a
+    /// time (progress on stderr when it is a terminal), or over one run.
     Audit {
+        /// Audit only this run.
+        #[arg(long)]
+        run: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -590,7 +594,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Artifacts { run, artifact, raw } => {
             inspect::artifacts(&env, &run, artifact.as_deref(), raw).await
         }
-        Command::Audit { json } => inspect::audit(&env, json).await,
+        Command::Audit { run, json } => inspect::audit(&env, run.as_deref(), json).await,
         Command::Upgrade { run, stage, to } => {
             let digest =
                 registry::stage_upgrade(env.store.as_ref(), &run, &stage, &to, env.clock.as_ref())

@@ -162,8 +162,11 @@ macro_rules! impl_store {
             async fn reconcile(&self, now: i64) -> Result<ReconcileReport> {
                 jobs::reconcile(self, now).await
             }
-            async fn audit_facts(&self) -> Result<AuditFacts> {
-                audit::facts(self).await
+            async fn audit_facts(&self, run_id: &str) -> Result<AuditFacts> {
+                audit::facts(self, run_id).await
+            }
+            async fn run_ids(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
+                audit::run_ids(self, after, limit).await
             }
             async fn bench_raw_completion(&self, r: RawCompletion) -> Result<()> {
                 bench::raw_completion(self, r).await
@@ -290,8 +293,11 @@ pub trait Store: Send + Sync + 'static {
     /// runs get their final state.
     async fn reconcile(&self, now: i64) -> Result<ReconcileReport>;
 
-    /// Everything the invariant audit reads.
-    async fn audit_facts(&self) -> Result<AuditFacts>;
+    /// Everything the invariant audit reads of one run, in one snapshot.
+    async fn audit_facts(&self, run_id: &str) -> Result<AuditFacts>;
+    /// Up to `limit` run ids after `after` (from the first), in id order:
+    /// for walking every run a page at a time.
+    async fn run_ids(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>>;
 
     /// One transaction shaped like a completion (canonical artifact insert,
     /// job update, outbox row) with none of Ratchet's logic: the raw limit

@@ -108,6 +108,7 @@ pub(crate) fn run_row(row: &impl RowExt) -> Result<RunRow> {
         idempotency_key: row.opt_text("idempotency_key")?,
         created_at: row.int("created_at")?,
         finished_at: row.opt_int("finished_at")?,
+        failed_seq: row.opt_int("failed_seq")?,
     })
 }
 
@@ -231,6 +232,7 @@ pub(crate) fn attempt_row(row: &impl RowExt) -> Result<AttemptRow> {
         proposal_digests: json_map("attempts", row.opt_text("proposal_digests")?)?,
         canonical_digests: json_map("attempts", row.opt_text("canonical_digests")?)?,
         proposal_won: row.opt_int("proposal_won")?.map(|w| w != 0),
+        deps_seen: row.opt_int("deps_seen")?,
     })
 }
 

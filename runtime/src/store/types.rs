@@ -181,6 +181,8 @@ pub struct RunRow {
     pub idempotency_key: Option<String>,
     pub created_at: i64,
     pub finished_at: Option<i64>,
+    /// The order value taken when the run failed (ADR 0018).
+    pub failed_seq: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -502,6 +504,9 @@ pub struct AttemptRow {
     pub proposal_digests: Option<BTreeMap<String, String>>,
     pub canonical_digests: Option<BTreeMap<String, String>>,
     pub proposal_won: Option<bool>,
+    /// How many of the stage's incoming edges were satisfied in the claim's
+    /// snapshot (PostgreSQL claims; ADR 0018).
+    pub deps_seen: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -528,6 +533,7 @@ pub struct ReconcileReport {
 #[derive(Debug, Clone, Default)]
 pub struct AuditFacts {
     pub runs: Vec<RunRow>,
+    pub events: Vec<RunEvent>,
     pub jobs: Vec<JobRow>,
     pub edges: Vec<(String, NewEdge, bool)>,
     pub inputs: Vec<(String, InputBinding)>,

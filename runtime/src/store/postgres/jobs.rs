@@ -52,9 +52,11 @@ pub(super) const CLAIM: &str = "WITH expired AS (
                        jobs.max_attempts, jobs.outputs, jobs.emits, chosen.part, chosen.due
          ), opened AS (
              INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest,
-                                   claim_seq, claimed_at, outcome)
+                                   claim_seq, claimed_at, outcome, deps_seen)
              SELECT id, attempt, run_id, stage, $4, plugin_digest, nextval('ratchet_seq'), $1,
-                    'running'
+                    'running',
+                    (SELECT COUNT(*) FROM edges e
+                     WHERE e.run_id = c.run_id AND e.to_stage = c.stage AND e.satisfied = 1)
              FROM (SELECT * FROM claimed ORDER BY part, due, id) AS c
          )
          SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits
@@ -159,8 +161,12 @@ async fn kill_job(tx: &mut Tx, job_id: i64, run_id: &str, error: &str, now: i64)
     .bind(run_id)
     .execute(&mut **tx)
     .await?;
+    // The run's sequence value is taken last, once its jobs are locked and
+    // cancelled: a claim of them that committed first took an earlier one
+    // (ADR 0018).
     sqlx::query(
-        "UPDATE runs SET state = 'failed', finished_at = $1 WHERE id = $2 AND state = 'running'",
+        "UPDATE runs SET state = 'failed', finished_at = $1, failed_seq = nextval('ratchet_seq')
+         WHERE id = $2 AND state = 'running'",
     )
     .bind(now)
     .bind(run_id)

@@ -38,33 +38,47 @@ pub(super) async fn outbox<'e>(
     rows.iter().map(rows::outbox_row).collect()
 }
 
-/// Every row the audit reads, from one read transaction (one snapshot).
-pub(super) async fn facts(store: &SqliteStore) -> Result<AuditFacts> {
+/// Every row of one run the audit reads, from one read transaction (one
+/// snapshot).
+pub(super) async fn facts(store: &SqliteStore, run_id: &str) -> Result<AuditFacts> {
     let mut tx = store.pool.begin().await?;
-    let runs = sqlx::query("SELECT * FROM runs ORDER BY created_at, id")
+    let runs = sqlx::query("SELECT * FROM runs WHERE id = ?")
+        .bind(run_id)
         .fetch_all(&mut *tx)
-        .await?;
-    let runs = runs.iter().map(rows::run_row).collect::<Result<Vec<_>>>()?;
-    let jobs = jobs::list(&mut *tx, None).await?;
-    let edges = sqlx::query("SELECT * FROM edges")
+        .await?
+        .iter()
+        .map(rows::run_row)
+        .collect::<Result<Vec<_>>>()?;
+    let events = sqlx::query("SELECT * FROM run_events WHERE run_id = ? ORDER BY id")
+        .bind(run_id)
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(rows::run_event)
+        .collect::<Result<Vec<_>>>()?;
+    let jobs = jobs::list(&mut *tx, Some(run_id)).await?;
+    let edges = sqlx::query("SELECT * FROM edges WHERE run_id = ?")
+        .bind(run_id)
         .fetch_all(&mut *tx)
         .await?
         .iter()
         .map(rows::edge_row)
         .collect::<Result<Vec<_>>>()?;
-    let inputs = sqlx::query("SELECT * FROM job_inputs")
+    let inputs = sqlx::query("SELECT * FROM job_inputs WHERE run_id = ?")
+        .bind(run_id)
         .fetch_all(&mut *tx)
         .await?
         .iter()
         .map(rows::input_row)
         .collect::<Result<Vec<_>>>()?;
-    let artifacts = artifacts::list(&mut *tx, None).await?;
-    let attempts = attempts(&mut *tx, None).await?;
-    let outbox = outbox(&mut *tx, None).await?;
-    let digest_mismatches = digest_mismatches(&mut tx).await?;
+    let artifacts = artifacts::list(&mut *tx, Some(run_id)).await?;
+    let attempts = attempts(&mut *tx, Some(run_id)).await?;
+    let outbox = outbox(&mut *tx, Some(run_id)).await?;
+    let digest_mismatches = digest_mismatches(&mut tx, run_id).await?;
     tx.commit().await?;
     Ok(AuditFacts {
         runs,
+        events,
         jobs,
         edges,
         inputs,
@@ -75,25 +89,31 @@ pub(super) async fn facts(store: &SqliteStore) -> Result<AuditFacts> {
     })
 }
 
-/// Artifacts whose bytes no longer hash to their digest, read a page of
-/// rows at a time (SQLite has no SHA-256 of its own).
-async fn digest_mismatches(tx: &mut sqlx::Transaction<'_, Sqlite>) -> Result<Vec<ArtifactMeta>> {
+/// The run's artifacts whose bytes no longer hash to their digest, read a
+/// page of rows at a time (SQLite has no SHA-256 of its own).
+async fn digest_mismatches(
+    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    run_id: &str,
+) -> Result<Vec<ArtifactMeta>> {
     const PAGE: i64 = 256;
     let mut mismatches = Vec::new();
-    let mut after = i64::MIN;
+    let mut after = (String::new(), String::new());
     loop {
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT rowid AS n, {} , bytes FROM artifacts WHERE rowid > ? ORDER BY rowid LIMIT ?",
+            "SELECT {}, bytes FROM artifacts WHERE run_id = ?1 AND (stage, output) > (?2, ?3)
+             ORDER BY stage, output LIMIT ?4",
             artifacts::META_COLUMNS
         )))
-        .bind(after)
+        .bind(run_id)
+        .bind(&after.0)
+        .bind(&after.1)
         .bind(PAGE)
         .fetch_all(&mut **tx)
         .await?;
         for row in &rows {
-            after = rows::RowExt::int(row, "n")?;
             let bytes = rows::RowExt::opt_blob(row, "bytes")?.unwrap_or_default();
             let meta = rows::artifact_meta(row)?;
+            after = (meta.stage.clone(), meta.output.clone());
             if crate::digest::sha256_hex(&bytes) != meta.digest {
                 mismatches.push(meta);
             }
@@ -102,4 +122,19 @@ async fn digest_mismatches(tx: &mut sqlx::Transaction<'_, Sqlite>) -> Result<Vec
             return Ok(mismatches);
         }
     }
+}
+
+/// Up to `limit` run ids after `after`, in id order.
+pub(super) async fn run_ids(
+    store: &SqliteStore,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<String>> {
+    Ok(
+        sqlx::query_scalar("SELECT id FROM runs WHERE id > ?1 ORDER BY id LIMIT ?2")
+            .bind(after.unwrap_or(""))
+            .bind(limit as i64)
+            .fetch_all(&store.pool)
+            .await?,
+    )
 }

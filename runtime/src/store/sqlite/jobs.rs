@@ -189,7 +189,10 @@ async fn kill_job(tx: &mut Tx<'_>, job_id: i64, run_id: &str, error: &str, now: 
     .execute(&mut **tx)
     .await?;
     sqlx::query(
-        "UPDATE runs SET state = 'failed', finished_at = ? WHERE id = ? AND state = 'running'",
+        "UPDATE counters SET value = value + 1 WHERE name = 'seq';
+         UPDATE runs SET state = 'failed', finished_at = ?1,
+                failed_seq = (SELECT value FROM counters WHERE name = 'seq')
+         WHERE id = ?2 AND state = 'running'",
     )
     .bind(now)
     .bind(run_id)

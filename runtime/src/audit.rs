@@ -1,12 +1,14 @@
-//! Checks the three invariants over everything in the store. An empty report
-//! means: one artifact per identity, every consumed input canonical, no stage
-//! started before its predecessors committed, no continuation missing.
+//! Checks the three invariants over everything in the store, one run at a
+//! time (memory bounded by the largest run, time linear in the rows). An
+//! empty report means: one artifact per identity, every consumed input
+//! canonical, no stage started before its predecessors committed, no
+//! continuation missing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::store::{AuditFacts, JobRow, JobState, RUN_INPUT_STAGE};
+use crate::store::{AuditFacts, JobRow, JobState, NewEdge, RUN_INPUT_STAGE, Store, StoreError};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
@@ -30,12 +32,51 @@ impl AuditReport {
     pub fn is_clean(&self) -> bool {
         self.violations.is_empty()
     }
+
+    fn add(&mut self, other: AuditReport) {
+        self.runs += other.runs;
+        self.jobs += other.jobs;
+        self.attempts += other.attempts;
+        self.artifacts += other.artifacts;
+        self.violations.extend(other.violations);
+    }
+}
+
+/// Runs read per page when walking every run.
+const RUNS_PER_PAGE: usize = 100;
+
+/// Audits one run (`Some`) or every run, one run's rows in memory at a
+/// time; `progress` is told the report so far after each run.
+pub async fn audit_store(
+    store: &dyn Store,
+    run: Option<&str>,
+    progress: &mut (dyn FnMut(&AuditReport) + Send),
+) -> Result<AuditReport, StoreError> {
+    let mut report = AuditReport::default();
+    if let Some(run) = run {
+        report.add(audit(&store.audit_facts(run).await?));
+        progress(&report);
+        return Ok(report);
+    }
+    let mut after: Option<String> = None;
+    loop {
+        let ids = store.run_ids(after.as_deref(), RUNS_PER_PAGE).await?;
+        for id in &ids {
+            report.add(audit(&store.audit_facts(id).await?));
+            progress(&report);
+        }
+        if ids.len() < RUNS_PER_PAGE {
+            return Ok(report);
+        }
+        after = ids.last().cloned();
+    }
 }
 
 const CANONICAL: &str = "canonical-artifact";
 const DEPENDENCY: &str = "durable-dependency";
 const CONTINUATION: &str = "atomic-continuation";
 
+/// Checks the rows of one run (or of several, read in one snapshot).
 pub fn audit(facts: &AuditFacts) -> AuditReport {
     let mut v = Vec::new();
     let mut push = |invariant, run_id: &str, stage: &str, detail: String| {
@@ -90,6 +131,14 @@ pub fn audit(facts: &AuditFacts) -> AuditReport {
         );
     }
 
+    // (run, stage) -> its incoming edges
+    let mut edges_into: HashMap<(&str, &str), Vec<&NewEdge>> = HashMap::new();
+    for (run, edge, _) in &facts.edges {
+        edges_into
+            .entry((run.as_str(), edge.to_stage.as_str()))
+            .or_default()
+            .push(edge);
+    }
     // job id -> the attempt numbers that record success
     let mut successes: HashMap<i64, Vec<i64>> = HashMap::new();
     for a in &facts.attempts {
@@ -127,12 +176,25 @@ pub fn audit(facts: &AuditFacts) -> AuditReport {
                 );
             }
         }
-        for (run, edge, _) in facts
-            .edges
-            .iter()
-            .filter(|(r, e, _)| *r == a.run_id && e.to_stage == a.stage)
-        {
-            let pred = jobs.get(&(run.as_str(), edge.from_stage.as_str()));
+        let incoming = edges_into
+            .get(&(a.run_id.as_str(), a.stage.as_str()))
+            .map_or(&[][..], Vec::as_slice);
+        // A PostgreSQL claim counts the satisfied edges it sees; only that
+        // proves each predecessor committed first (ADR 0018).
+        if let Some(seen) = a.deps_seen.filter(|&seen| seen != incoming.len() as i64) {
+            push(
+                DEPENDENCY,
+                &a.run_id,
+                &a.stage,
+                format!(
+                    "attempt {} was claimed when {seen} of its {} dependencies had committed",
+                    a.attempt,
+                    incoming.len()
+                ),
+            );
+        }
+        for edge in incoming {
+            let pred = jobs.get(&(a.run_id.as_str(), edge.from_stage.as_str()));
             match pred.and_then(|p| p.succeeded_seq) {
                 Some(seq) if seq < a.claim_seq => {}
                 other => push(
@@ -290,6 +352,28 @@ pub fn audit(facts: &AuditFacts) -> AuditReport {
         }
     }
     for run in &facts.runs {
+        // A failed run starts nothing new, unless an operator retried it.
+        let retried = facts
+            .events
+            .iter()
+            .any(|e| e.run_id == run.id && e.kind == "retry");
+        if let Some(failed_seq) = run.failed_seq.filter(|_| !retried) {
+            for a in facts
+                .attempts
+                .iter()
+                .filter(|a| a.run_id == run.id && a.claim_seq > failed_seq)
+            {
+                push(
+                    CONTINUATION,
+                    &run.id,
+                    &a.stage,
+                    format!(
+                        "attempt {} started (seq {}) after the run failed (seq {failed_seq})",
+                        a.attempt, a.claim_seq
+                    ),
+                );
+            }
+        }
         match (unfinished.get(run.id.as_str()), run.state.as_str()) {
             (None, "succeeded") | (Some(_), "running" | "failed") => {}
             (None, state) => push(

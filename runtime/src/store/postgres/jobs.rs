@@ -285,6 +285,7 @@ pub(super) async fn reconcile(store: &PostgresStore, now: i64) -> Result<Reconci
     let exhausted = sqlx::query(
         "SELECT id, run_id, attempt FROM jobs
          WHERE state = 'running' AND lease_expires_at <= $1 AND attempt >= max_attempts
+         ORDER BY id
          FOR UPDATE SKIP LOCKED",
     )
     .bind(now)

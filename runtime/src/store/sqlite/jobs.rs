@@ -189,7 +189,8 @@ async fn kill_job(tx: &mut Tx<'_>, job_id: i64, run_id: &str, error: &str, now: 
     .execute(&mut **tx)
     .await?;
     sqlx::query(
-        "UPDATE counters SET value = value + 1 WHERE name = 'seq';
+        "UPDATE counters SET value = value + 1
+         WHERE name = 'seq' AND EXISTS (SELECT 1 FROM runs WHERE id = ?2 AND state = 'running');
          UPDATE runs SET state = 'failed', finished_at = ?1,
                 failed_seq = (SELECT value FROM counters WHERE name = 'seq')
          WHERE id = ?2 AND state = 'running'",
@@ -321,7 +322,7 @@ pub(super) async fn reconcile(store: &SqliteStore, now: i64) -> Result<Reconcile
     let exhausted = sqlx::query(concat!(
         "SELECT id, run_id, attempt FROM jobs WHERE state = 'running' AND ",
         live!(),
-        " AND lease_expires_at <= ? AND attempt >= max_attempts"
+        " AND lease_expires_at <= ? AND attempt >= max_attempts ORDER BY id"
     ))
     .bind(now)
     .fetch_all(&mut *tx)

@@ -2,6 +2,9 @@
 //! PyPI; `.ci/run` installs it) and hands its path to the tests as
 //! `RATCHET_PYTHON_HEADLINE`. Without the tool the path is empty and the
 //! Python test says how to install it (and fails under `CI=true`).
+//!
+//! Also builds, from WAT with wit-component, a hostile component Rust will
+//! not emit: one with two linear memories (`RATCHET_TWO_MEMORIES`).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -38,4 +41,67 @@ fn main() {
         }
     };
     println!("cargo::rustc-env=RATCHET_PYTHON_HEADLINE={path}");
+    two_memories(&wit);
+}
+
+/// A stage whose core module defines two linear memories and whose `run`
+/// grows each to 12 MiB, under a manifest limit of 16 MiB: each memory stays
+/// under the limit, both together do not.
+fn two_memories(wit: &std::path::Path) {
+    const MANIFEST: &str = "name = \"two-memories\"\nversion = \"1.0.0\"\n\
+        description = \"Hostile test component: two memories, each under the limit, together over it.\"\n\
+        outputs = [\"out\"]\n\n[limits]\nmemory_mb = 16\n";
+    let escaped: String = MANIFEST
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' => format!("\\{b:02x}"),
+            _ => char::from(b).to_string(),
+        })
+        .collect();
+    let wat = format!(
+        r#"(module
+            (memory $main (export "memory") 2)
+            (memory $second 1)
+            (global $bump (mut i32) (i32.const 4096))
+            (data (memory $main) (i32.const 16) "{escaped}")
+            (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32)
+                (local $p i32)
+                (local.set $p (i32.and
+                    (i32.add (global.get $bump) (i32.sub (local.get 2) (i32.const 1)))
+                    (i32.sub (i32.const 0) (local.get 2))))
+                (global.set $bump (i32.add (local.get $p) (local.get 3)))
+                (local.get $p))
+            (func (export "describe") (result i32)
+                (i32.store $main (i32.const 0) (i32.const 16))
+                (i32.store $main (i32.const 4) (i32.const {len}))
+                (i32.const 0))
+            (func (export "run") (param i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)
+                (drop (memory.grow $second (i32.const 192)))
+                (drop (memory.grow $main (i32.const 192)))
+                unreachable))"#,
+        len = MANIFEST.len()
+    );
+    let mut module = wat::parse_str(&wat).unwrap_or_else(|e| panic!("two-memories WAT: {e}"));
+    let mut resolve = wit_parser::Resolve::default();
+    let (package, _) = resolve
+        .push_dir(wit)
+        .unwrap_or_else(|e| panic!("plugin-sdk/wit: {e:#}"));
+    let world = resolve
+        .select_world(&[package], Some("stage"))
+        .unwrap_or_else(|e| panic!("the stage world: {e:#}"));
+    wit_component::embed_component_metadata(
+        &mut module,
+        &resolve,
+        world,
+        wit_component::StringEncoding::UTF8,
+        false,
+    )
+    .unwrap_or_else(|e| panic!("embedding the stage world: {e:#}"));
+    let component = wit_component::ComponentEncoder::default()
+        .module(&module)
+        .and_then(|encoder| encoder.validate(true).encode())
+        .unwrap_or_else(|e| panic!("encoding the two-memories component: {e:#}"));
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("two_memories.wasm");
+    std::fs::write(&out, component).unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
+    println!("cargo::rustc-env=RATCHET_TWO_MEMORIES={}", out.display());
 }

@@ -4,14 +4,16 @@
 //! `FAILPOINTS="after_commit=return(exit)"` ends the process there with
 //! [`CRASH_EXIT_CODE`]; `FAILPOINTS="after_commit=panic"` panics there.
 
-/// Every crash point, in the order an attempt passes them.
-pub const CRASH_POINTS: [&str; 6] = [
+/// Every crash point, in the order an attempt passes them, and the fault
+/// point `commit_ack_lost` ([`ack_lost`]).
+pub const CRASH_POINTS: [&str; 7] = [
     "after_claim",
     "after_model_call",
     "after_execute",
     "after_persist",
     "after_outbox_insert",
     "after_commit",
+    "commit_ack_lost",
 ];
 
 /// The exit code of a process ended by a `return(exit)` crash point.
@@ -29,6 +31,18 @@ pub fn point(name: &str) {
     });
     #[cfg(not(feature = "failpoints"))]
     let _ = name;
+}
+
+/// The fault point `commit_ack_lost`, passed by a store right after a
+/// write transaction committed: when set to `return`, the store reports
+/// the error a connection closed before the commit's acknowledgement gives
+/// (the commit stands). For testing that a retry recognises its own commit.
+pub fn ack_lost() -> bool {
+    #[cfg(feature = "failpoints")]
+    let lost = fail::eval("commit_ack_lost", |_| ()).is_some();
+    #[cfg(not(feature = "failpoints"))]
+    let lost = false;
+    lost
 }
 
 /// Whether any crash point is set. A store then writes a batch in the steps

@@ -1,13 +1,15 @@
 //! The plugin registry (content-addressed, immutable versions) and run
 //! submission: a pipeline resolved against it, pinned, written in one txn.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::manifest::{ManifestError, Pipeline, PluginManifest, PluginResolver, ResolvedPlugin};
 use crate::plugin::{PluginError, PluginHost};
 use crate::store::{
-    JobRepin, JobState, NewJob, PluginPut, PluginPutOutcome, PluginSummary, RepinOutcome,
+    JobRepin, JobState, NewJob, PluginPut, PluginPutOutcome, PluginSummary, PluginVersion,
+    RepinOutcome,
     RunSubmit, RunSubmitOutcome, Store, StoreError,
 };
 
@@ -63,25 +65,33 @@ pub async fn plugin_register(
 /// highest non-yanked version that matches.
 #[derive(Debug, Clone, Default)]
 pub struct RegistrySnapshot {
-    plugins: Vec<ResolvedPlugin>,
-    yanked: Vec<String>,
+    /// Every version of the plugins a pipeline names (name, version and
+    /// digest only).
+    versions: Vec<PluginVersion>,
+    /// The parsed manifests of the versions that can be chosen.
+    manifests: HashMap<String, PluginManifest>,
 }
 
 impl RegistrySnapshot {
-    pub async fn load(store: &dyn Store) -> Result<Self, RegistryError> {
-        let mut snapshot = Self::default();
-        for summary in store.plugin_list().await? {
-            let manifest = PluginManifest::parse(
-                &format!("stored manifest of {}", summary.name),
-                &summary.manifest,
-            )?;
-            if summary.yanked {
-                snapshot.yanked.push(summary.digest.clone());
-            }
-            snapshot.plugins.push(ResolvedPlugin {
-                digest: summary.digest,
-                manifest,
-            });
+    /// What resolving `pipeline`'s plugins needs, and no more: the versions
+    /// of the plugins it names, and the manifests of the ones it will
+    /// choose. Its cost does not grow with the other registered plugins,
+    /// nor with the versions of its own it does not choose.
+    pub async fn load_for(store: &dyn Store, pipeline: &Pipeline) -> Result<Self, RegistryError> {
+        let refs = pipeline.plugin_refs();
+        let names: Vec<String> = refs.iter().map(|(name, _)| name.clone()).collect();
+        let mut snapshot = Self {
+            versions: store.plugin_versions_of(&names).await?,
+            manifests: HashMap::new(),
+        };
+        let chosen: Vec<String> = refs
+            .iter()
+            .filter_map(|(name, req)| Some(snapshot.best(name, req)?.digest.clone()))
+            .collect();
+        for (digest, text) in store.plugin_manifests(&chosen).await? {
+            let manifest =
+                PluginManifest::parse(&format!("stored manifest of {digest}"), &text)?;
+            snapshot.manifests.insert(digest, manifest);
         }
         Ok(snapshot)
     }
@@ -89,45 +99,52 @@ impl RegistrySnapshot {
     /// A snapshot from manifests alone (digests made up from name@version),
     /// for checking pipelines without a database.
     pub fn from_manifests(manifests: Vec<PluginManifest>) -> Self {
-        let plugins = manifests
-            .into_iter()
-            .map(|m| ResolvedPlugin {
-                digest: format!("{}@{}", m.name, m.version),
-                manifest: m,
-            })
-            .collect();
-        Self {
-            plugins,
-            yanked: Vec::new(),
+        let mut snapshot = Self::default();
+        for m in manifests {
+            let digest = format!("{}@{}", m.name, m.version);
+            snapshot.versions.push(PluginVersion {
+                digest: digest.clone(),
+                name: m.name.clone(),
+                version: m.version.clone(),
+                yanked: false,
+            });
+            snapshot.manifests.insert(digest, m);
         }
+        snapshot
+    }
+
+    /// The highest non-yanked version of `name` that `req` matches.
+    fn best(&self, name: &str, req: &semver::VersionReq) -> Option<&PluginVersion> {
+        self.versions
+            .iter()
+            .filter(|v| v.name == name && !v.yanked && req.matches(&v.version))
+            .max_by(|a, b| a.version.cmp(&b.version))
     }
 }
 
 impl PluginResolver for RegistrySnapshot {
     fn resolve(&self, name: &str, req: &semver::VersionReq) -> Result<ResolvedPlugin, String> {
-        let candidates: Vec<&ResolvedPlugin> = self
-            .plugins
-            .iter()
-            .filter(|p| p.manifest.name == name)
-            .collect();
+        let candidates: Vec<&PluginVersion> =
+            self.versions.iter().filter(|v| v.name == name).collect();
         if candidates.is_empty() {
             return Err(format!(
                 "plugin `{name}` is not registered (register it with `ratchet plugin add {name}.wasm`)"
             ));
         }
-        candidates
-            .iter()
-            .filter(|p| req.matches(&p.manifest.version) && !self.yanked.contains(&p.digest))
-            .max_by(|a, b| a.manifest.version.cmp(&b.manifest.version))
-            .map(|p| (*p).clone())
-            .ok_or_else(|| {
-                let versions: Vec<String> =
-                    candidates.iter().map(|p| p.manifest.version.to_string()).collect();
-                format!(
-                    "no registered version of plugin `{name}` matches `{req}` (registered: {}); register one or change the requirement",
-                    versions.join(", ")
-                )
-            })
+        let Some(best) = self.best(name, req) else {
+            let versions: Vec<String> = candidates.iter().map(|v| v.version.to_string()).collect();
+            return Err(format!(
+                "no registered version of plugin `{name}` matches `{req}` (registered: {}); register one or change the requirement",
+                versions.join(", ")
+            ));
+        };
+        let manifest = self.manifests.get(&best.digest).cloned().ok_or_else(|| {
+            format!("the manifest of plugin `{name}@{}` was not loaded", best.version)
+        })?;
+        Ok(ResolvedPlugin {
+            digest: best.digest.clone(),
+            manifest,
+        })
     }
 }
 
@@ -140,7 +157,7 @@ pub async fn run_submit(
     idempotency_key: Option<String>,
     clock: &dyn Clock,
 ) -> Result<RunSubmitOutcome, RegistryError> {
-    let snapshot = RegistrySnapshot::load(store).await?;
+    let snapshot = RegistrySnapshot::load_for(store, pipeline).await?;
     let plan = pipeline.plan(&snapshot)?;
     let jobs = plan
         .stages

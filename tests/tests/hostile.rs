@@ -133,3 +133,30 @@ async fn a_component_that_describes_itself_otherwise_than_at_registration_is_ref
         "{error}"
     );
 }
+
+/// Item 9a of #20: `memory_mb` bounds the whole instance, not each linear
+/// memory. The component (built from WAT by `tests/build.rs`) grows two
+/// memories to 12 MiB each under a limit of 16 MiB. Run on the on-demand
+/// allocator, where nothing else bounds it (the pooling allocator refuses a
+/// module with more than one memory when it is instantiated). Seen failing
+/// before the fix: both memories grew, and the attempt ended at the
+/// component's `unreachable` as a trap (retryable), not out of memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memories_together_are_bounded_by_the_memory_limit() {
+    let h = Harness::with_host_config(ratchet_runtime::plugin::HostConfig::default()).await;
+    let bytes = std::fs::read(env!("RATCHET_TWO_MEMORIES")).expect("two-memories component");
+    ratchet_runtime::registry::plugin_register(&h.store, &h.host, bytes, h.clock.as_ref())
+        .await
+        .expect("register");
+    let run = h
+        .submit(
+            &ratchet_tests::one_stage_pipeline("greedy", "two-memories", "max_attempts = 1"),
+            b"",
+        )
+        .await;
+    h.run_until_idle(1).await;
+    let job = h.store.job_list(&run).await.expect("jobs").remove(0);
+    assert_eq!(job.state, JobState::Dead);
+    let error = job.last_error.unwrap_or_default();
+    assert!(error.contains("exceeded its memory limit of 16 MiB"), "{error}");
+}

@@ -6,6 +6,7 @@ use std::process::Output;
 use std::sync::Arc;
 
 use ratchet_runtime::clock::SystemClock;
+use ratchet_runtime::store::PluginPut;
 use ratchet_tests::fleet::Fleet;
 use ratchet_tests::{Backend, DEMO_PLUGINS, Harness, output, plugin_path, ratchet};
 
@@ -16,6 +17,7 @@ ratchet_tests::backend_tests! {
     a_retry_after_a_swap_keeps_the_pinned_version_and_its_canonical_artifact => retry_keeps_the_pin;
     a_yanked_version_is_not_resolved_for_new_runs_but_pinned_runs_complete => yank;
     upgrades_are_refused_or_accepted_as_the_run_allows => upgrades;
+    a_submit_reads_only_the_manifests_it_resolves => submit_reads_what_it_resolves;
 }
 
 async fn cli(url: &str, args: &[&str]) -> Output {
@@ -356,4 +358,36 @@ async fn the_registry_refuses_changed_bytes_and_components_that_are_not_stages()
 
     let listed = h.store.plugin_list().await.expect("list");
     assert_eq!(listed.len(), 1, "only the real draft is stored: {listed:?}");
+}
+
+/// Item 12 of #20: submitting resolves the pipeline's plugins without
+/// loading and parsing every registered manifest. 200 older versions of
+/// `draft` and 200 versions of an unrelated plugin are registered with
+/// manifests that do not parse (stand-ins written to the store directly):
+/// a submit that read them would fail. Seen failing before the fix: the
+/// submit parsed every registered manifest and stopped at the first.
+async fn submit_reads_what_it_resolves(backend: Backend) {
+    let Some(h) = Harness::on(backend, Arc::new(SystemClock)).await else {
+        return;
+    };
+    h.register(&DEMO_PLUGINS).await;
+    for i in 0..200 {
+        for (name, version) in [("draft", format!("0.{i}.0")), ("unrelated", format!("1.{i}.0"))] {
+            h.store
+                .plugin_put(PluginPut {
+                    digest: format!("{name}-{i}"),
+                    name: name.into(),
+                    version,
+                    manifest: "not a manifest".into(),
+                    component: vec![0],
+                    now: 0,
+                })
+                .await
+                .expect("stand-in version");
+        }
+    }
+    let run = h.submit_demo().await;
+    let jobs = h.store.job_list(&run).await.expect("jobs");
+    let draft = jobs.iter().find(|j| j.stage == "draft").expect("draft");
+    assert!(!draft.plugin_digest.starts_with("draft-"), "pinned to 1.0.0");
 }

@@ -8,6 +8,8 @@ use std::fmt;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::text::escape_controls;
+
 pub use pipeline::{Pipeline, Plan, PlannedStage, PluginResolver, ResolvedPlugin, StageDecl};
 
 /// A manifest or pipeline problem, located in its source.
@@ -19,11 +21,14 @@ pub struct ManifestError {
     pub message: String,
 }
 
+/// One line, whatever the document held: a name quoted in the message is
+/// shown with its control characters escaped.
 impl fmt::Display for ManifestError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (file, message) = (escape_controls(&self.file), escape_controls(&self.message));
         match self.line {
-            Some(line) => write!(f, "{}:{line}: {}", self.file, self.message),
-            None => write!(f, "{}: {}", self.file, self.message),
+            Some(line) => write!(f, "{file}:{line}: {message}"),
+            None => write!(f, "{file}: {message}"),
         }
     }
 }

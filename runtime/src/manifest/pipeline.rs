@@ -122,6 +122,24 @@ impl Pipeline {
 
     /// Resolves every stage's plugin and derives the DAG: rejects unknown
     /// plugins, stages and outputs, unbound inputs and cycles.
+    /// The plugin requirements the stages name, each once (those written
+    /// wrongly are left to [`Pipeline::plan`] to report).
+    pub fn plugin_refs(&self) -> Vec<(String, semver::VersionReq)> {
+        let src = Source {
+            file: &self.file,
+            text: &self.text,
+        };
+        let mut refs = Vec::new();
+        for stage in &self.raw.stage {
+            if let Ok(r) = parse_plugin_ref(&src, &stage.plugin)
+                && !refs.contains(&r)
+            {
+                refs.push(r);
+            }
+        }
+        refs
+    }
+
     pub fn plan(&self, resolver: &dyn PluginResolver) -> Result<Plan, ManifestError> {
         let src = Source {
             file: &self.file,

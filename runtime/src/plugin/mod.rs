@@ -5,6 +5,7 @@
 
 mod cache;
 mod host;
+mod limits;
 mod policy;
 
 use std::collections::HashMap;
@@ -15,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{
-    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store as WasmStore, StoreLimits,
-    StoreLimitsBuilder, UpdateDeadline,
+    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store as WasmStore,
+    UpdateDeadline,
 };
 use wasmtime_wasi::WasiCtx;
 
@@ -160,7 +161,7 @@ pub struct ExecReport {
 pub struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
-    limits: StoreLimits,
+    limits: limits::InstanceLimits,
     call: Option<host::CallContext>,
 }
 
@@ -362,7 +363,7 @@ impl PluginHost {
 
     fn new_store(
         &self,
-        limits: StoreLimits,
+        limits: limits::InstanceLimits,
         call: Option<host::CallContext>,
         timeout: Duration,
     ) -> WasmStore<HostState> {
@@ -392,10 +393,7 @@ impl PluginHost {
     }
 
     async fn describe(&self, pre: &StagePre<HostState>) -> Result<String, PluginError> {
-        let limits = StoreLimitsBuilder::new()
-            .memory_size((DEFAULT_MEMORY_MB * 1024 * 1024) as usize)
-            .trap_on_grow_failure(true)
-            .build();
+        let limits = limits::InstanceLimits::new((DEFAULT_MEMORY_MB * 1024 * 1024) as usize);
         let timeout = Duration::from_millis(DEFAULT_TIMEOUT_MS);
         let mut store = self.new_store(limits, None, timeout);
         let run = async {
@@ -425,10 +423,8 @@ impl PluginHost {
         let limits = self.policy.limits(&plugin.manifest.limits);
         let timeout_ms = limits.timeout_ms;
         let memory = limits.memory_mb * 1024 * 1024;
-        let store_limits = StoreLimitsBuilder::new()
-            .memory_size(memory as usize)
-            .trap_on_grow_failure(true)
-            .build();
+        // One budget for all the instance's memories together.
+        let store_limits = limits::InstanceLimits::new(usize::try_from(memory).unwrap_or(usize::MAX));
         let call = host::CallContext::new(
             self.store.clone(),
             self.model.clone(),
@@ -483,9 +479,8 @@ fn classify_trap(e: &wasmtime::Error, timeout_ms: u64, memory_mb: u64) -> ExecEr
     if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
         return ExecError::Timeout(timeout_ms);
     }
-    // `StoreLimits` with `trap_on_grow_failure` ends a memory bomb with this
-    // error, which is not a `Trap`.
-    if format!("{e:#}").contains("forcing trap when growing memory") {
+    // The limiter ends a memory bomb with this error, which is not a `Trap`.
+    if format!("{e:#}").contains(limits::OUT_OF_MEMORY) {
         return ExecError::OutOfMemory(memory_mb);
     }
     ExecError::Trap(first_line(e))

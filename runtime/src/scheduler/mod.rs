@@ -6,6 +6,7 @@
 mod group_commit;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rand::Rng;
@@ -138,6 +139,10 @@ pub struct Scheduler {
     /// Attempts claimed and not finished, `(job, attempt)` to the lease
     /// their claim gave them: the leases [`Scheduler::renew_leases`] extends.
     held: Mutex<HashMap<(i64, i64), i64>>,
+    /// A write failed in a way that may have committed anyway (its
+    /// acknowledgement lost): the next claim first adopts the jobs leased
+    /// to this worker that it does not hold.
+    maybe_orphans: AtomicBool,
 }
 
 impl Scheduler {
@@ -156,6 +161,7 @@ impl Scheduler {
             native: None,
             probe: None,
             held: Mutex::default(),
+            maybe_orphans: AtomicBool::new(false),
         }
     }
 
@@ -200,22 +206,55 @@ impl Scheduler {
         limit: usize,
         only_job: Option<i64>,
     ) -> Result<Vec<ClaimedJob>, StoreError> {
-        let claimed = self
-            .store
-            .job_claim(JobClaim {
-                worker: self.config.worker_id.clone(),
-                now: self.clock.now_ms(),
-                lease_ms: self.config.lease_ms,
-                limit,
-                only_job,
-            })
-            .await?;
+        let mut claimed = Vec::new();
+        if only_job.is_none() && self.maybe_orphans.swap(false, Ordering::Relaxed) {
+            claimed = self.adopt_orphans(limit).await?;
+        }
+        if claimed.len() < limit {
+            let more = self
+                .store
+                .job_claim(JobClaim {
+                    worker: self.config.worker_id.clone(),
+                    now: self.clock.now_ms(),
+                    lease_ms: self.config.lease_ms,
+                    limit: limit - claimed.len(),
+                    only_job,
+                })
+                .await
+                .inspect_err(|_| self.maybe_orphans.store(true, Ordering::Relaxed))?;
+            claimed.extend(more);
+        }
         if !claimed.is_empty() {
             lock(&self.held).extend(claimed.iter().map(held_entry));
             self.commits.expect(&claimed);
             crash::point("after_claim");
         }
         Ok(claimed)
+    }
+
+    /// Up to `limit` jobs leased to this worker that it does not hold: the
+    /// ones a commit claimed whose acknowledgement was lost. Left to lapse,
+    /// each would lose an attempt (on its last, its run would fail).
+    async fn adopt_orphans(&self, limit: usize) -> Result<Vec<ClaimedJob>, StoreError> {
+        let leased = self
+            .store
+            .jobs_leased_to(&self.config.worker_id)
+            .await
+            .inspect_err(|_| self.maybe_orphans.store(true, Ordering::Relaxed))?;
+        let held = lock(&self.held);
+        let mut orphans: Vec<ClaimedJob> = leased
+            .into_iter()
+            .filter(|job| !held.contains_key(&(job.job_id, job.attempt)))
+            .collect();
+        drop(held);
+        if orphans.len() > limit {
+            orphans.truncate(limit);
+            self.maybe_orphans.store(true, Ordering::Relaxed);
+        }
+        for job in &orphans {
+            tracing::info!(run = %job.run_id, stage = %job.stage, attempt = job.attempt, "adopted a job claimed by a commit whose acknowledgement was lost");
+        }
+        Ok(orphans)
     }
 
     /// `done` is finished (or abandoned), and `next` claimed in its place.
@@ -387,7 +426,7 @@ impl Scheduler {
                         }
                         AttemptOutcome::Succeeded { outputs, released }
                     }
-                    CompleteOutcome::LeaseLost => AttemptOutcome::LeaseLost,
+                    CompleteOutcome::LeaseLost => self.own_lost_ack(job).await?,
                 }
             }
             Err(error) => {
@@ -415,6 +454,38 @@ impl Scheduler {
             }
         };
         Ok((outcome, next))
+    }
+
+    /// A completion fenced out may be this attempt's own, committed by a
+    /// try whose acknowledgement was lost: then the attempt's row records
+    /// its success, by this worker, and it succeeded.
+    async fn own_lost_ack(&self, job: &ClaimedJob) -> Result<AttemptOutcome, StoreError> {
+        let row = self.store.attempt_get(job.job_id, job.attempt).await?;
+        let Some(row) = row.filter(|r| r.outcome == "succeeded" && r.worker == self.config.worker_id)
+        else {
+            return Ok(AttemptOutcome::LeaseLost);
+        };
+        tracing::info!(run = %job.run_id, stage = %job.stage, attempt = job.attempt, "the attempt's completion had committed; its acknowledgement was lost");
+        let proposals = row.proposal_digests.unwrap_or_default();
+        let outputs = row
+            .canonical_digests
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, digest)| {
+                let proposed_digest = proposals.get(&name).cloned().unwrap_or_default();
+                CanonicalOutput {
+                    won: proposed_digest == digest,
+                    name,
+                    digest,
+                    proposed_digest,
+                }
+            })
+            .collect();
+        // Who it released is not recorded; they are ready and claimable.
+        Ok(AttemptOutcome::Succeeded {
+            outputs,
+            released: Vec::new(),
+        })
     }
 
     /// Execute and finish a job already claimed. A transient store error
@@ -446,6 +517,8 @@ impl Scheduler {
             match self.finish_then_claim(&job, &execution, claim_next).await {
                 Err(e) if e.is_transient() && tries < FINISH_RETRIES => {
                     tries += 1;
+                    // It may have committed, claims included.
+                    self.maybe_orphans.store(true, Ordering::Relaxed);
                     tracing::warn!(run = %job.run_id, stage = %job.stage, "finishing the attempt failed, retrying: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(50 << tries)).await;
                 }

@@ -44,6 +44,14 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// What a store returns at the `commit_ack_lost` fault point.
+    pub(crate) fn ack_lost() -> Self {
+        StoreError::Database(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "the connection closed before the commit was acknowledged (fault point commit_ack_lost)",
+        )))
+    }
+
     /// Whether the database refused this operation for what it was asked
     /// to write (a constraint, a value it cannot store): the same request
     /// fails the same way, but other operations are unaffected.
@@ -102,6 +110,12 @@ macro_rules! impl_store {
             async fn plugin_usage(&self, digest: &str) -> Result<i64> {
                 plugins::usage(self, digest).await
             }
+            async fn plugin_versions_of(&self, names: &[String]) -> Result<Vec<PluginVersion>> {
+                plugins::versions_of(self, names).await
+            }
+            async fn plugin_manifests(&self, digests: &[String]) -> Result<Vec<(String, String)>> {
+                plugins::manifests(self, digests).await
+            }
             async fn run_submit(&self, r: RunSubmit) -> Result<RunSubmitOutcome> {
                 runs::submit(self, r).await
             }
@@ -156,6 +170,12 @@ macro_rules! impl_store {
             async fn attempt_list(&self, run_id: &str) -> Result<Vec<AttemptRow>> {
                 audit::attempts(&self.pool, Some(run_id)).await
             }
+            async fn attempt_get(&self, job_id: i64, attempt: i64) -> Result<Option<AttemptRow>> {
+                audit::attempt(&self.pool, job_id, attempt).await
+            }
+            async fn jobs_leased_to(&self, worker: &str) -> Result<Vec<ClaimedJob>> {
+                jobs::leased_to(&self.pool, worker).await
+            }
             async fn outbox_list(&self, run_id: Option<&str>) -> Result<Vec<OutboxRow>> {
                 audit::outbox(&self.pool, run_id).await
             }
@@ -202,6 +222,10 @@ pub trait Store: Send + Sync + 'static {
     async fn plugin_yank(&self, name: &str, version: &str) -> Result<bool>;
     /// How many runs pin this digest in at least one stage.
     async fn plugin_usage(&self, digest: &str) -> Result<i64>;
+    /// Every registered version of the plugins named.
+    async fn plugin_versions_of(&self, names: &[String]) -> Result<Vec<PluginVersion>>;
+    /// `(digest, manifest text)` of each of these digests that is registered.
+    async fn plugin_manifests(&self, digests: &[String]) -> Result<Vec<(String, String)>>;
 
     /// Creates the run, every job, edge and input binding in one transaction;
     /// an idempotency key already used returns the existing run.
@@ -286,6 +310,12 @@ pub trait Store: Send + Sync + 'static {
     async fn model_call_list(&self, run_id: &str) -> Result<Vec<ModelCall>>;
 
     async fn attempt_list(&self, run_id: &str) -> Result<Vec<AttemptRow>>;
+    /// One attempt's row.
+    async fn attempt_get(&self, job_id: i64, attempt: i64) -> Result<Option<AttemptRow>>;
+    /// The jobs running under `worker`'s leases, their inputs not loaded:
+    /// after a commit whose acknowledgement was lost, the ones it claimed
+    /// are among them.
+    async fn jobs_leased_to(&self, worker: &str) -> Result<Vec<ClaimedJob>>;
     async fn outbox_list(&self, run_id: Option<&str>) -> Result<Vec<OutboxRow>>;
 
     /// Repairs continuations that slipped: exhausted expired leases become

@@ -175,6 +175,17 @@ pub(crate) fn claimed_job(
     })
 }
 
+pub(crate) fn plugin_version(row: &impl RowExt) -> Result<PluginVersion> {
+    let version = row.text("version")?;
+    Ok(PluginVersion {
+        digest: row.text("digest")?,
+        name: row.text("name")?,
+        version: semver::Version::parse(&version)
+            .map_err(|e| corrupt("plugins", format!("version `{version}`: {e}")))?,
+        yanked: row.int("yanked")? != 0,
+    })
+}
+
 pub(crate) fn plugin_summary(row: &impl RowExt) -> Result<PluginSummary> {
     Ok(PluginSummary {
         digest: row.text("digest")?,

@@ -95,6 +95,16 @@ pub struct PluginSummary {
     pub yanked: bool,
 }
 
+/// One registered version, without its manifest or component: what
+/// resolving a requirement reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginVersion {
+    pub digest: String,
+    pub name: String,
+    pub version: semver::Version,
+    pub yanked: bool,
+}
+
 /// A run input (`$input`) is stored as the artifact `(run, "$run", "input")`
 /// so that every stage input, without exception, is read from `artifacts`.
 pub const RUN_INPUT_STAGE: &str = "$run";

@@ -15,6 +15,21 @@ pub(super) async fn attempts<'e>(
     rows.iter().map(rows::attempt_row).collect()
 }
 
+pub(super) async fn attempt<'e>(
+    ex: impl sqlx::Executor<'e, Database = Postgres>,
+    job_id: i64,
+    attempt: i64,
+) -> Result<Option<AttemptRow>> {
+    sqlx::query("SELECT * FROM attempts WHERE job_id = $1 AND attempt = $2")
+        .bind(job_id)
+        .bind(attempt)
+        .fetch_optional(ex)
+        .await?
+        .as_ref()
+        .map(rows::attempt_row)
+        .transpose()
+}
+
 pub(super) async fn outbox<'e>(
     ex: impl sqlx::Executor<'e, Database = Postgres>,
     run_id: Option<&str>,

@@ -32,6 +32,9 @@ pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatc
             other => other?,
         }
     };
+    if crate::crash::ack_lost() {
+        return Err(StoreError::ack_lost());
+    }
     // After the commit, not in it: a transaction that notifies holds a
     // lock shared by every notifier until its commit is flushed, which
     // would put the parallel committers' flushes in a row. Best-effort: the

@@ -107,6 +107,23 @@ impl PostgresStore {
     }
 }
 
+pub(super) async fn leased_to(pool: &sqlx::PgPool, worker: &str) -> Result<Vec<ClaimedJob>> {
+    let rows = sqlx::query(
+        "SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits,
+                lease_expires_at
+         FROM jobs WHERE state = 'running' AND lease_owner = $1 ORDER BY id",
+    )
+    .bind(worker)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let (id, lease) = (row.try_get("id")?, row.try_get("lease_expires_at")?);
+            rows::claimed_job(row, id, lease)
+        })
+        .collect()
+}
+
 /// Locks and returns the job row if `(job, attempt, worker)` holds the lease.
 pub(super) async fn fence(
     tx: &mut Tx,

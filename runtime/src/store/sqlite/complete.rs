@@ -22,6 +22,9 @@ pub(super) async fn batch(store: &SqliteStore, b: &JobBatch) -> Result<JobBatchO
         None => Vec::new(),
     };
     store.commit(tx).await?;
+    if crate::crash::ack_lost() {
+        return Err(StoreError::ack_lost());
+    }
     Ok(JobBatchOutcome { completed, claimed })
 }
 

@@ -136,6 +136,25 @@ pub(super) async fn claim_tx(tx: &mut Tx<'_>, c: &JobClaim) -> Result<Vec<Claime
     Ok(claimed.into_jobs())
 }
 
+pub(super) async fn leased_to(pool: &sqlx::SqlitePool, worker: &str) -> Result<Vec<ClaimedJob>> {
+    let rows = sqlx::query(concat!(
+        "SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits,
+                lease_expires_at
+         FROM jobs WHERE state = 'running' AND ",
+        live!(),
+        " AND lease_owner = ? ORDER BY id"
+    ))
+    .bind(worker)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let (id, lease) = (row.try_get("id")?, row.try_get("lease_expires_at")?);
+            rows::claimed_job(row, id, lease)
+        })
+        .collect()
+}
+
 /// The job row, if `(job, attempt, worker)` still holds the lease.
 pub(super) async fn fence(
     tx: &mut Tx<'_>,

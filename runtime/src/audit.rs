@@ -386,7 +386,10 @@ pub fn audit(facts: &AuditFacts) -> AuditReport {
                 CONTINUATION,
                 &run.id,
                 &job.stage,
-                format!("the run is `{state}`, but this stage is {}", job.state.as_str()),
+                format!(
+                    "the run is `{state}`, but this stage is {}",
+                    job.state.as_str()
+                ),
             ),
         }
     }

@@ -9,8 +9,7 @@ use crate::manifest::{ManifestError, Pipeline, PluginManifest, PluginResolver, R
 use crate::plugin::{PluginError, PluginHost};
 use crate::store::{
     JobRepin, JobState, NewJob, PluginPut, PluginPutOutcome, PluginSummary, PluginVersion,
-    RepinOutcome,
-    RunSubmit, RunSubmitOutcome, Store, StoreError,
+    RepinOutcome, RunSubmit, RunSubmitOutcome, Store, StoreError,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -89,8 +88,7 @@ impl RegistrySnapshot {
             .filter_map(|(name, req)| Some(snapshot.best(name, req)?.digest.clone()))
             .collect();
         for (digest, text) in store.plugin_manifests(&chosen).await? {
-            let manifest =
-                PluginManifest::parse(&format!("stored manifest of {digest}"), &text)?;
+            let manifest = PluginManifest::parse(&format!("stored manifest of {digest}"), &text)?;
             snapshot.manifests.insert(digest, manifest);
         }
         Ok(snapshot)
@@ -139,7 +137,10 @@ impl PluginResolver for RegistrySnapshot {
             ));
         };
         let manifest = self.manifests.get(&best.digest).cloned().ok_or_else(|| {
-            format!("the manifest of plugin `{name}@{}` was not loaded", best.version)
+            format!(
+                "the manifest of plugin `{name}@{}` was not loaded",
+                best.version
+            )
         })?;
         Ok(ResolvedPlugin {
             digest: best.digest.clone(),

@@ -56,7 +56,10 @@ mod tests {
 
     #[test]
     fn control_characters_are_escaped_and_the_rest_kept() {
-        assert_eq!(escape_controls("a\0b\u{1b}[31mc\né"), "a\\u{0}b\\u{1b}[31mc\\u{a}é");
+        assert_eq!(
+            escape_controls("a\0b\u{1b}[31mc\né"),
+            "a\\u{0}b\\u{1b}[31mc\\u{a}é"
+        );
         assert!(matches!(escape_controls("plain text"), Cow::Borrowed(_)));
     }
 

@@ -293,7 +293,10 @@ impl Producer {
         let summary = self.sched.store().job_summary(now).await?;
         if summary.lapsed_on_last_attempt > 0 {
             let report = self.sched.store().reconcile(now).await?;
-            tracing::info!(?report, "reconciled a lease that lapsed on its last attempt");
+            tracing::info!(
+                ?report,
+                "reconciled a lease that lapsed on its last attempt"
+            );
             if report.dead_expired_leases > 0 {
                 return Ok(Duration::ZERO);
             }
@@ -326,8 +329,7 @@ impl Slot {
         let mut job = first;
         loop {
             let claim_next = !*self.shutdown.borrow();
-            let (finished, next) = match self.sched.run_claimed_then_claim(job, claim_next).await
-            {
+            let (finished, next) = match self.sched.run_claimed_then_claim(job, claim_next).await {
                 Ok(done) => done,
                 // One attempt the database refused to complete and to fail
                 // (the scheduler logged it): only it is given up, never the

@@ -24,12 +24,18 @@ async fn tamper(h: &Harness, backend: Backend, statement: &str) {
     match backend {
         Backend::Sqlite => {
             let pool = sqlx::SqlitePool::connect(&h.url).await.expect("sqlite");
-            sqlx::raw_sql(statement).execute(&pool).await.expect("tamper");
+            sqlx::raw_sql(statement)
+                .execute(&pool)
+                .await
+                .expect("tamper");
             pool.close().await;
         }
         Backend::Postgres => {
             let pool = sqlx::PgPool::connect(&h.url).await.expect("postgres");
-            sqlx::raw_sql(statement).execute(&pool).await.expect("tamper");
+            sqlx::raw_sql(statement)
+                .execute(&pool)
+                .await
+                .expect("tamper");
             pool.close().await;
         }
     }
@@ -41,13 +47,20 @@ async fn caught(h: &Harness, backend: Backend, tampered: &str, undone: &str, exp
     tamper(h, backend, tampered).await;
     let report = h.audit().await;
     assert!(
-        report.violations.iter().any(|v| v.detail.contains(expected)),
+        report
+            .violations
+            .iter()
+            .any(|v| v.detail.contains(expected)),
         "`{tampered}` was not caught as `{expected}`: {:#?}",
         report.violations
     );
     tamper(h, backend, undone).await;
     let report = h.audit().await;
-    assert!(report.is_clean(), "after `{undone}`: {:#?}", report.violations);
+    assert!(
+        report.is_clean(),
+        "after `{undone}`: {:#?}",
+        report.violations
+    );
 }
 
 async fn tampered_invariants_are_named(backend: Backend) {
@@ -70,8 +83,14 @@ async fn tampered_invariants_are_named(backend: Backend) {
     caught(
         &h,
         backend,
-        &format!("UPDATE jobs SET state = 'ready' WHERE {}", job("prepare-next")),
-        &format!("UPDATE jobs SET state = 'succeeded' WHERE {}", job("prepare-next")),
+        &format!(
+            "UPDATE jobs SET state = 'ready' WHERE {}",
+            job("prepare-next")
+        ),
+        &format!(
+            "UPDATE jobs SET state = 'succeeded' WHERE {}",
+            job("prepare-next")
+        ),
         "the run is `succeeded`, but this stage is ready",
     )
     .await;
@@ -108,8 +127,14 @@ async fn tampered_invariants_are_named(backend: Backend) {
     caught(
         &h,
         backend,
-        &format!("UPDATE jobs SET attempt = attempt + 1 WHERE {}", job("verify")),
-        &format!("UPDATE jobs SET attempt = attempt - 1 WHERE {}", job("verify")),
+        &format!(
+            "UPDATE jobs SET attempt = attempt + 1 WHERE {}",
+            job("verify")
+        ),
+        &format!(
+            "UPDATE jobs SET attempt = attempt - 1 WHERE {}",
+            job("verify")
+        ),
         "succeeded by attempt 1, but its last attempt is 2",
     )
     .await;
@@ -157,8 +182,14 @@ async fn tampered_invariants_are_named(backend: Backend) {
     caught(
         &h,
         backend,
-        &format!("UPDATE artifacts SET bytes = {zeroed} WHERE {}", job("draft")),
-        &format!("UPDATE artifacts SET bytes = {bytes_back} WHERE {}", job("draft")),
+        &format!(
+            "UPDATE artifacts SET bytes = {zeroed} WHERE {}",
+            job("draft")
+        ),
+        &format!(
+            "UPDATE artifacts SET bytes = {bytes_back} WHERE {}",
+            job("draft")
+        ),
         "no longer hash to its recorded digest",
     )
     .await;
@@ -216,7 +247,10 @@ inputs = { in = "a.out" }
         .expect("released early");
     let b = sched.claim(None).await.expect("claim").expect("b");
     assert_eq!(b.stage, "b");
-    completing.commit().await.expect("a commits after b's claim");
+    completing
+        .commit()
+        .await
+        .expect("a commits after b's claim");
     let jobs = h.store.job_list(&run).await.expect("jobs");
     let attempts = h.store.attempt_list(&run).await.expect("attempts");
     let a_seq = jobs[0].succeeded_seq.expect("a's value");

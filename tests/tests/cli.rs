@@ -230,8 +230,14 @@ async fn audit_checks_one_run_when_asked() {
     let out = cli(&h.url, &["audit", "--run", &run, "--json"]).await;
     assert!(out.status.success(), "{out:?}");
     let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
-    assert_eq!((report["runs"].as_u64(), report["jobs"].as_u64()), (Some(1), Some(4)));
+    assert_eq!(
+        (report["runs"].as_u64(), report["jobs"].as_u64()),
+        (Some(1), Some(4))
+    );
     let out = cli(&h.url, &["audit"]).await;
     assert!(stdout(&out).contains("audited 2 runs, 8 jobs"), "{out:?}");
-    assert_bad_input(&cli(&h.url, &["audit", "--run", "no-such-run"]).await, "does not exist");
+    assert_bad_input(
+        &cli(&h.url, &["audit", "--run", "no-such-run"]).await,
+        "does not exist",
+    );
 }

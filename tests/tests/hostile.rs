@@ -158,5 +158,8 @@ async fn memories_together_are_bounded_by_the_memory_limit() {
     let job = h.store.job_list(&run).await.expect("jobs").remove(0);
     assert_eq!(job.state, JobState::Dead);
     let error = job.last_error.unwrap_or_default();
-    assert!(error.contains("exceeded its memory limit of 16 MiB"), "{error}");
+    assert!(
+        error.contains("exceeded its memory limit of 16 MiB"),
+        "{error}"
+    );
 }

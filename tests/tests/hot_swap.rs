@@ -372,7 +372,10 @@ async fn submit_reads_what_it_resolves(backend: Backend) {
     };
     h.register(&DEMO_PLUGINS).await;
     for i in 0..200 {
-        for (name, version) in [("draft", format!("0.{i}.0")), ("unrelated", format!("1.{i}.0"))] {
+        for (name, version) in [
+            ("draft", format!("0.{i}.0")),
+            ("unrelated", format!("1.{i}.0")),
+        ] {
             h.store
                 .plugin_put(PluginPut {
                     digest: format!("{name}-{i}"),
@@ -389,5 +392,8 @@ async fn submit_reads_what_it_resolves(backend: Backend) {
     let run = h.submit_demo().await;
     let jobs = h.store.job_list(&run).await.expect("jobs");
     let draft = jobs.iter().find(|j| j.stage == "draft").expect("draft");
-    assert!(!draft.plugin_digest.starts_with("draft-"), "pinned to 1.0.0");
+    assert!(
+        !draft.plugin_digest.starts_with("draft-"),
+        "pinned to 1.0.0"
+    );
 }

@@ -72,7 +72,10 @@ async fn a_commit_whose_acknowledgement_was_lost_is_recognised_by_its_retry() {
         assert!(claimed.iter().all(|j| j.attempt == 1), "{claimed:?}");
         for job in claimed {
             let outcome = sched.run_claimed(job).await.expect("run").outcome;
-            assert!(matches!(outcome, AttemptOutcome::Succeeded { .. }), "{outcome:?}");
+            assert!(
+                matches!(outcome, AttemptOutcome::Succeeded { .. }),
+                "{outcome:?}"
+            );
         }
         assert_eq!(h.run_state(&run).await, "succeeded", "{backend:?}");
         let report = h.audit().await;

@@ -59,7 +59,11 @@ static SEEDS: LazyLock<Vec<String>> = LazyLock::new(|| {
 fn mutate(seed: &[u8], edits: &[(usize, u8, usize)]) -> Vec<u8> {
     let mut bytes = seed.to_vec();
     for &(at, op, nasty) in edits {
-        let at = if bytes.is_empty() { 0 } else { at % bytes.len() };
+        let at = if bytes.is_empty() {
+            0
+        } else {
+            at % bytes.len()
+        };
         let byte = NASTY[nasty % NASTY.len()];
         match op % 3 {
             0 => bytes.insert(at, byte),
@@ -122,8 +126,7 @@ async fn mutated_components_are_refused_in_one_clear_line() {
     });
     let host = Arc::clone(&h.host);
     let handle = tokio::runtime::Handle::current();
-    let strategy =
-        proptest::collection::vec((any::<usize>(), any::<u8>(), any::<usize>()), 1..6);
+    let strategy = proptest::collection::vec((any::<usize>(), any::<u8>(), any::<usize>()), 1..6);
     let outcome = tokio::task::spawn_blocking(move || {
         runner.run(&strategy, |edits| {
             let bytes = mutate(&real, &edits);

@@ -120,16 +120,26 @@ plugin = "always-fatal@^1"
     assert_eq!((f.stage.as_str(), x.stage.as_str()), ("f", "x"));
 
     let outcome = sched.run_claimed(x).await.expect("run x").outcome;
-    assert!(matches!(outcome, AttemptOutcome::Dead { .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, AttemptOutcome::Dead { .. }),
+        "{outcome:?}"
+    );
     assert_eq!(h.run_state(&run).await, "failed");
 
     clock.advance(60_000);
     let rescuer = h.scheduler("rescuer", 30_000);
     let taken = rescuer.claim(None).await.expect("claim");
-    assert!(taken.is_none(), "a failed run's job was taken over: {taken:?}");
+    assert!(
+        taken.is_none(),
+        "a failed run's job was taken over: {taken:?}"
+    );
 
     let outcome = sched.run_claimed(f).await.expect("run f").outcome;
-    assert_eq!(outcome, AttemptOutcome::LeaseLost, "the attempt in flight is fenced out");
+    assert_eq!(
+        outcome,
+        AttemptOutcome::LeaseLost,
+        "the attempt in flight is fenced out"
+    );
     clock.advance(600_000);
     assert!(sched.claim(None).await.expect("claim").is_none());
 
@@ -138,10 +148,19 @@ plugin = "always-fatal@^1"
     assert_eq!(f_job.state, JobState::Cancelled);
     assert_eq!(f_job.attempt, 1, "f was never started again");
     let attempts = h.store.attempt_list(&run).await.expect("attempts");
-    let f_attempt = attempts.iter().find(|a| a.stage == "f").expect("f's attempt");
+    let f_attempt = attempts
+        .iter()
+        .find(|a| a.stage == "f")
+        .expect("f's attempt");
     assert_eq!(f_attempt.outcome, "failed");
     assert_eq!(f_attempt.error.as_deref(), Some(RUN_FAILED_IN_FLIGHT));
-    assert!(h.store.outbox_list(Some(&run)).await.expect("outbox").is_empty());
+    assert!(
+        h.store
+            .outbox_list(Some(&run))
+            .await
+            .expect("outbox")
+            .is_empty()
+    );
 }
 
 const HOSTILE: &str = r#"
@@ -165,7 +184,10 @@ async fn hostile_text_is_contained(backend: Backend) {
     h.register(&DEMO_PLUGINS).await;
     h.register(&["hostile-text"]).await;
     let modes = [
-        ("fatal-nul", Some("stage failed (fatal): bad\\u{0}text\\u{1b}[31mred")),
+        (
+            "fatal-nul",
+            Some("stage failed (fatal): bad\\u{0}text\\u{1b}[31mred"),
+        ),
         ("retryable-nul", Some("stage failed (retryable): bad\\u{0}")),
         ("long-error", Some("stage failed (fatal): xxx")),
         ("nul-media-type", Some("has media type `bad\\u{0}text")),
@@ -195,7 +217,11 @@ async fn hostile_text_is_contained(backend: Backend) {
             !error.chars().any(char::is_control),
             "{mode}: control characters stored: {error:?}"
         );
-        assert!(error.len() <= MAX_ERROR_BYTES, "{mode}: {} bytes", error.len());
+        assert!(
+            error.len() <= MAX_ERROR_BYTES,
+            "{mode}: {} bytes",
+            error.len()
+        );
         let attempts = h.store.attempt_list(run).await.expect("attempts");
         assert_eq!(attempts[0].error.as_deref(), Some(error.as_str()), "{mode}");
         assert!(
@@ -206,7 +232,10 @@ async fn hostile_text_is_contained(backend: Backend) {
             assert!(error.ends_with('…'), "a cut error is marked");
         }
         if mode.contains("media-type") || *mode == "nul-output-name" {
-            assert!(error.contains("broke its output contract"), "{mode}: {error}");
+            assert!(
+                error.contains("broke its output contract"),
+                "{mode}: {error}"
+            );
         }
     }
 }
@@ -234,7 +263,10 @@ async fn refuse_poison(h: &Harness, backend: Backend) {
                 "CREATE TRIGGER refuse_poison BEFORE INSERT ON artifacts FOR EACH ROW
                  WHEN (NEW.stage = 'poison') EXECUTE FUNCTION refuse_poison()",
             ] {
-                sqlx::query(statement).execute(&pool).await.expect("trigger");
+                sqlx::query(statement)
+                    .execute(&pool)
+                    .await
+                    .expect("trigger");
             }
             pool.close().await;
         }
@@ -252,7 +284,10 @@ async fn refused_completion_is_contained(backend: Backend) {
     h.register(&["noop"]).await;
     refuse_poison(&h, backend).await;
     let poison = h
-        .submit(&one_stage_pipeline("poison", "noop", "max_attempts = 1"), b"")
+        .submit(
+            &one_stage_pipeline("poison", "noop", "max_attempts = 1"),
+            b"",
+        )
         .await;
     let demo = h.submit_demo().await;
     h.run_until_idle(2).await;
@@ -261,7 +296,8 @@ async fn refused_completion_is_contained(backend: Backend) {
     assert_eq!(jobs[0].state, JobState::Dead);
     let error = jobs[0].last_error.clone().unwrap_or_default();
     assert!(
-        error.contains("the store refused the attempt's result") && error.contains("refused by the test"),
+        error.contains("the store refused the attempt's result")
+            && error.contains("refused by the test"),
         "{error}"
     );
 }
@@ -286,7 +322,11 @@ impl ModelBackend for Scripted {
     }
 }
 
-async fn scripted(backend: Backend, model: Arc<Scripted>, clock: Arc<ManualClock>) -> Option<Harness> {
+async fn scripted(
+    backend: Backend,
+    model: Arc<Scripted>,
+    clock: Arc<ManualClock>,
+) -> Option<Harness> {
     let config = HostConfig {
         cache_dir: Some(ratchet_tests::shared_component_cache()),
         ..HostConfig::default()
@@ -314,7 +354,10 @@ async fn nul_answer_is_lossless(backend: Backend) {
     let sched = h.scheduler("worker", 30_000);
     let draft = sched.claim(None).await.expect("claim").expect("draft");
     let outcome = sched.run_claimed(draft).await.expect("run").outcome;
-    assert!(matches!(outcome, AttemptOutcome::Succeeded { .. }), "{outcome:?}");
+    assert!(
+        matches!(outcome, AttemptOutcome::Succeeded { .. }),
+        "{outcome:?}"
+    );
     let calls = h.store.model_call_list(&run).await.expect("journal");
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].response, ANSWER);
@@ -348,18 +391,33 @@ async fn refusal_is_replayed(backend: Backend) {
     let crashed = h.scheduler("crashed", 1_000);
     let draft = crashed.claim(None).await.expect("claim").expect("draft");
     let execution = crashed.execute(&draft).await.expect("execute");
-    assert!(matches!(execution.result, Err(ExecError::Fatal(_))), "{:?}", execution.result);
+    assert!(
+        matches!(execution.result, Err(ExecError::Fatal(_))),
+        "{:?}",
+        execution.result
+    );
     clock.advance(2_000);
 
     let rescuer = h.scheduler("rescuer", 30_000);
-    let retry = rescuer.claim(None).await.expect("claim").expect("draft again");
+    let retry = rescuer
+        .claim(None)
+        .await
+        .expect("claim")
+        .expect("draft again");
     assert_eq!(retry.attempt, 2);
     let execution = rescuer.execute(&retry).await.expect("execute");
     let Err(ExecError::Fatal(error)) = &execution.result else {
-        panic!("the retry meets the journaled refusal: {:?}", execution.result);
+        panic!(
+            "the retry meets the journaled refusal: {:?}",
+            execution.result
+        );
     };
     assert!(error.contains("quota"), "{error}");
-    assert_eq!(model.asked.load(Ordering::SeqCst), 1, "the backend was asked once");
+    assert_eq!(
+        model.asked.load(Ordering::SeqCst),
+        1,
+        "the backend was asked once"
+    );
     let calls = h.store.model_call_list(&run).await.expect("journal");
     assert_eq!(calls.len(), 1);
     assert!(calls[0].rejected);
@@ -433,5 +491,8 @@ inputs = { in = "a.out" }
     assert_eq!(released, ["b"]);
     let jobs = h.store.job_list(&run).await.expect("jobs");
     let state = |s: &str| jobs.iter().find(|j| j.stage == s).expect("job").state;
-    assert_eq!((state("a"), state("b")), (JobState::Succeeded, JobState::Ready));
+    assert_eq!(
+        (state("a"), state("b")),
+        (JobState::Succeeded, JobState::Ready)
+    );
 }

@@ -14,10 +14,8 @@ impl Guest for ShiftyDescribe {
         let nonce = std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish();
-        include_str!("../plugin.toml").replace(
-            "(this text is replaced)",
-            &format!("(this time: {nonce})"),
-        )
+        include_str!("../plugin.toml")
+            .replace("(this text is replaced)", &format!("(this time: {nonce})"))
     }
 
     fn run(_ctx: StageContext, _inputs: Vec<Artifact>) -> Result<Vec<Artifact>, StageError> {

@@ -139,7 +139,11 @@ pub async fn status(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode
         }
     }
     for event in env.store.run_events(run_id).await? {
-        println!("history: {} ({} ms)", escape_controls(&event.detail), event.at);
+        println!(
+            "history: {} ({} ms)",
+            escape_controls(&event.detail),
+            event.at
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

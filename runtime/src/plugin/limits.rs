@@ -93,7 +93,11 @@ mod tests {
         // Growing a memory counts only what it adds.
         let mut limits = InstanceLimits::new(100);
         assert!(limits.memory_growing(0, 50, None).expect("grow"));
-        assert!(limits.memory_growing(50, 100, None).expect("grow to the budget"));
+        assert!(
+            limits
+                .memory_growing(50, 100, None)
+                .expect("grow to the budget")
+        );
         assert!(limits.memory_growing(100, 101, None).is_err());
     }
 }

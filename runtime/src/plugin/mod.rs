@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{
-    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store as WasmStore,
-    UpdateDeadline,
+    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store as WasmStore, UpdateDeadline,
 };
 use wasmtime_wasi::WasiCtx;
 
@@ -424,7 +423,8 @@ impl PluginHost {
         let timeout_ms = limits.timeout_ms;
         let memory = limits.memory_mb * 1024 * 1024;
         // One budget for all the instance's memories together.
-        let store_limits = limits::InstanceLimits::new(usize::try_from(memory).unwrap_or(usize::MAX));
+        let store_limits =
+            limits::InstanceLimits::new(usize::try_from(memory).unwrap_or(usize::MAX));
         let call = host::CallContext::new(
             self.store.clone(),
             self.model.clone(),

@@ -461,7 +461,8 @@ impl Scheduler {
     /// its success, by this worker, and it succeeded.
     async fn own_lost_ack(&self, job: &ClaimedJob) -> Result<AttemptOutcome, StoreError> {
         let row = self.store.attempt_get(job.job_id, job.attempt).await?;
-        let Some(row) = row.filter(|r| r.outcome == "succeeded" && r.worker == self.config.worker_id)
+        let Some(row) =
+            row.filter(|r| r.outcome == "succeeded" && r.worker == self.config.worker_id)
         else {
             return Ok(AttemptOutcome::LeaseLost);
         };

@@ -84,11 +84,15 @@ pub(super) async fn usage(store: &PostgresStore, digest: &str) -> Result<i64> {
     )
 }
 
-pub(super) async fn versions_of(store: &PostgresStore, names: &[String]) -> Result<Vec<PluginVersion>> {
-    let rows = sqlx::query("SELECT digest, name, version, yanked FROM plugins WHERE name = ANY($1)")
-        .bind(names)
-        .fetch_all(&store.pool)
-        .await?;
+pub(super) async fn versions_of(
+    store: &PostgresStore,
+    names: &[String],
+) -> Result<Vec<PluginVersion>> {
+    let rows =
+        sqlx::query("SELECT digest, name, version, yanked FROM plugins WHERE name = ANY($1)")
+            .bind(names)
+            .fetch_all(&store.pool)
+            .await?;
     rows.iter().map(rows::plugin_version).collect()
 }
 
@@ -96,8 +100,10 @@ pub(super) async fn manifests(
     store: &PostgresStore,
     digests: &[String],
 ) -> Result<Vec<(String, String)>> {
-    Ok(sqlx::query_as("SELECT digest, manifest FROM plugins WHERE digest = ANY($1)")
-        .bind(digests)
-        .fetch_all(&store.pool)
-        .await?)
+    Ok(
+        sqlx::query_as("SELECT digest, manifest FROM plugins WHERE digest = ANY($1)")
+            .bind(digests)
+            .fetch_all(&store.pool)
+            .await?,
+    )
 }

@@ -95,12 +95,17 @@ pub(super) async fn usage(store: &SqliteStore, digest: &str) -> Result<i64> {
     )
 }
 
-pub(super) async fn versions_of(store: &SqliteStore, names: &[String]) -> Result<Vec<PluginVersion>> {
-    let rows = sqlx::query("SELECT digest, name, version, yanked FROM plugins
-         WHERE name IN (SELECT value FROM json_each(?))")
-        .bind(to_json(&names))
-        .fetch_all(&store.pool)
-        .await?;
+pub(super) async fn versions_of(
+    store: &SqliteStore,
+    names: &[String],
+) -> Result<Vec<PluginVersion>> {
+    let rows = sqlx::query(
+        "SELECT digest, name, version, yanked FROM plugins
+         WHERE name IN (SELECT value FROM json_each(?))",
+    )
+    .bind(to_json(&names))
+    .fetch_all(&store.pool)
+    .await?;
     rows.iter().map(rows::plugin_version).collect()
 }
 
@@ -108,8 +113,10 @@ pub(super) async fn manifests(
     store: &SqliteStore,
     digests: &[String],
 ) -> Result<Vec<(String, String)>> {
-    Ok(sqlx::query_as("SELECT digest, manifest FROM plugins WHERE digest IN (SELECT value FROM json_each(?))")
-        .bind(to_json(&digests))
-        .fetch_all(&store.pool)
-        .await?)
+    Ok(sqlx::query_as(
+        "SELECT digest, manifest FROM plugins WHERE digest IN (SELECT value FROM json_each(?))",
+    )
+    .bind(to_json(&digests))
+    .fetch_all(&store.pool)
+    .await?)
 }

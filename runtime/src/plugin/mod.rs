@@ -26,6 +26,7 @@ use crate::lock;
 use crate::manifest::{Capability, ManifestError, PluginManifest};
 use crate::model::ModelBackend;
 use crate::store::{Store, StoreError};
+use crate::text::escape_controls;
 
 pub use cache::DiskCache;
 pub use host::HostFailure;
@@ -258,7 +259,7 @@ impl PluginHost {
         let loaded = self.inspect(bytes).await?;
         self.policy
             .admit(&loaded.manifest, &loaded.imports)
-            .map_err(PluginError::NotAdmitted)?;
+            .map_err(|refusal| PluginError::NotAdmitted(escape_controls(&refusal).into_owned()))?;
         Ok(loaded)
     }
 
@@ -277,7 +278,9 @@ impl PluginHost {
             .collect::<Vec<_>>();
         // Said before linking fails on it, in Ratchet's words.
         if let Some(refusal) = policy::unprovided_import(&imports) {
-            return Err(PluginError::NotAdmitted(refusal));
+            return Err(PluginError::NotAdmitted(
+                escape_controls(&refusal).into_owned(),
+            ));
         }
         let instance_pre = self
             .linker
@@ -571,10 +574,9 @@ fn check_outputs(
         .collect())
 }
 
+/// The first line of a wasmtime error, which may quote the component's own
+/// names: control characters escaped.
 fn first_line(e: &wasmtime::Error) -> String {
-    format!("{e:#}")
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_string()
+    let text = format!("{e:#}");
+    escape_controls(text.lines().next().unwrap_or_default()).into_owned()
 }

@@ -254,6 +254,27 @@ impl Harness {
             .expect("worker ran");
     }
 
+    /// Runs `statements` on the harness's database, outside Ratchet (for
+    /// tampering with it, or installing a trigger).
+    pub async fn raw_sql(&self, statements: &str) {
+        let statements = sqlx::AssertSqlSafe(statements.to_string());
+        if self.url.starts_with("sqlite:") {
+            let pool = sqlx::SqlitePool::connect(&self.url).await.expect("sqlite");
+            sqlx::raw_sql(statements)
+                .execute(&pool)
+                .await
+                .expect("raw sql");
+            pool.close().await;
+        } else {
+            let pool = sqlx::PgPool::connect(&self.url).await.expect("postgres");
+            sqlx::raw_sql(statements)
+                .execute(&pool)
+                .await
+                .expect("raw sql");
+            pool.close().await;
+        }
+    }
+
     /// `running`, `succeeded` or `failed`.
     pub async fn run_state(&self, run: &str) -> String {
         self.store
@@ -364,6 +385,18 @@ macro_rules! backend_tests {
         }
     )*};
 }
+
+/// Two stages, `a` (`noop`) then `b` (`pass`, consuming `a.out`).
+pub const TWO_STAGES: &str = r#"
+name = "two"
+[[stage]]
+name = "a"
+plugin = "noop@^1"
+[[stage]]
+name = "b"
+plugin = "pass@^1"
+inputs = { in = "a.out" }
+"#;
 
 /// A pipeline of one stage, `stage`, running `plugin` (any 1.x version),
 /// with `header` lines (e.g. `max_attempts = 1`) before it.

@@ -18,33 +18,10 @@ ratchet_tests::backend_tests! {
     the_audit_names_every_tampered_invariant => tampered_invariants_are_named;
 }
 
-/// Runs `statement` on the harness's database, outside Ratchet.
-async fn tamper(h: &Harness, backend: Backend, statement: &str) {
-    let statement = sqlx::AssertSqlSafe(statement.to_string());
-    match backend {
-        Backend::Sqlite => {
-            let pool = sqlx::SqlitePool::connect(&h.url).await.expect("sqlite");
-            sqlx::raw_sql(statement)
-                .execute(&pool)
-                .await
-                .expect("tamper");
-            pool.close().await;
-        }
-        Backend::Postgres => {
-            let pool = sqlx::PgPool::connect(&h.url).await.expect("postgres");
-            sqlx::raw_sql(statement)
-                .execute(&pool)
-                .await
-                .expect("tamper");
-            pool.close().await;
-        }
-    }
-}
-
 /// Tampers, expects a violation containing `expected`, then undoes it and
 /// expects a clean audit.
-async fn caught(h: &Harness, backend: Backend, tampered: &str, undone: &str, expected: &str) {
-    tamper(h, backend, tampered).await;
+async fn caught(h: &Harness, tampered: &str, undone: &str, expected: &str) {
+    h.raw_sql(tampered).await;
     let report = h.audit().await;
     assert!(
         report
@@ -54,7 +31,7 @@ async fn caught(h: &Harness, backend: Backend, tampered: &str, undone: &str, exp
         "`{tampered}` was not caught as `{expected}`: {:#?}",
         report.violations
     );
-    tamper(h, backend, undone).await;
+    h.raw_sql(undone).await;
     let report = h.audit().await;
     assert!(
         report.is_clean(),
@@ -82,7 +59,6 @@ async fn tampered_invariants_are_named(backend: Backend) {
 
     caught(
         &h,
-        backend,
         &format!(
             "UPDATE jobs SET state = 'ready' WHERE {}",
             job("prepare-next")
@@ -96,7 +72,6 @@ async fn tampered_invariants_are_named(backend: Backend) {
     .await;
     caught(
         &h,
-        backend,
         &format!(
             "UPDATE edges SET satisfied = 0 WHERE {}",
             job("verify").replace("stage", "to_stage")
@@ -110,7 +85,6 @@ async fn tampered_invariants_are_named(backend: Backend) {
     .await;
     caught(
         &h,
-        backend,
         &format!(
             "UPDATE jobs SET state = 'ready' WHERE {}; UPDATE edges SET satisfied = 0 WHERE {}",
             job("verify"),
@@ -126,7 +100,6 @@ async fn tampered_invariants_are_named(backend: Backend) {
     .await;
     caught(
         &h,
-        backend,
         &format!(
             "UPDATE jobs SET attempt = attempt + 1 WHERE {}",
             job("verify")
@@ -140,7 +113,6 @@ async fn tampered_invariants_are_named(backend: Backend) {
     .await;
     caught(
         &h,
-        backend,
         &format!("UPDATE artifacts SET attempt = 7 WHERE {}", job("verify")),
         &format!("UPDATE artifacts SET attempt = 1 WHERE {}", job("verify")),
         "was stored by attempt 7, but attempt 1 succeeded",
@@ -148,7 +120,6 @@ async fn tampered_invariants_are_named(backend: Backend) {
     .await;
     caught(
         &h,
-        backend,
         &format!(
             "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
              VALUES ('{doomed}/doomed/x', '{doomed}', 'doomed', 'x', '{{}}', 0)"
@@ -159,7 +130,6 @@ async fn tampered_invariants_are_named(backend: Backend) {
     .await;
     caught(
         &h,
-        backend,
         &format!("UPDATE attempts SET claim_seq = claim_seq + 1000000 WHERE run_id = '{doomed}'"),
         &format!("UPDATE attempts SET claim_seq = claim_seq - 1000000 WHERE run_id = '{doomed}'"),
         "after the run failed",
@@ -181,7 +151,6 @@ async fn tampered_invariants_are_named(backend: Backend) {
     };
     caught(
         &h,
-        backend,
         &format!(
             "UPDATE artifacts SET bytes = {zeroed} WHERE {}",
             job("draft")
@@ -210,17 +179,7 @@ async fn a_claim_before_its_predecessor_committed_is_caught_whatever_the_sequenc
         return;
     };
     h.register(&["noop", "pass"]).await;
-    let pipeline = r#"
-name = "two"
-[[stage]]
-name = "a"
-plugin = "noop@^1"
-[[stage]]
-name = "b"
-plugin = "pass@^1"
-inputs = { in = "a.out" }
-"#;
-    let run = h.submit(pipeline, b"").await;
+    let run = h.submit(ratchet_tests::TWO_STAGES, b"").await;
     let sched = h.scheduler("worker", 30_000);
     sched.claim(None).await.expect("claim").expect("a");
     let pool = sqlx::PgPool::connect(&h.url).await.expect("postgres");

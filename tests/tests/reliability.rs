@@ -242,35 +242,20 @@ async fn hostile_text_is_contained(backend: Backend) {
 
 /// A completion for stage `poison` is refused by a trigger on `artifacts`.
 async fn refuse_poison(h: &Harness, backend: Backend) {
-    match backend {
+    h.raw_sql(match backend {
         Backend::Sqlite => {
-            let pool = sqlx::SqlitePool::connect(&h.url).await.expect("sqlite");
-            sqlx::query(
-                "CREATE TRIGGER refuse_poison BEFORE INSERT ON artifacts
-                 WHEN NEW.stage = 'poison'
-                 BEGIN SELECT RAISE(ABORT, 'refused by the test'); END",
-            )
-            .execute(&pool)
-            .await
-            .expect("trigger");
-            pool.close().await;
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON artifacts
+             WHEN NEW.stage = 'poison'
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
         }
         Backend::Postgres => {
-            let pool = sqlx::PgPool::connect(&h.url).await.expect("postgres");
-            for statement in [
-                "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS
-                 $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$",
-                "CREATE TRIGGER refuse_poison BEFORE INSERT ON artifacts FOR EACH ROW
-                 WHEN (NEW.stage = 'poison') EXECUTE FUNCTION refuse_poison()",
-            ] {
-                sqlx::query(statement)
-                    .execute(&pool)
-                    .await
-                    .expect("trigger");
-            }
-            pool.close().await;
+            "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
+             CREATE TRIGGER refuse_poison BEFORE INSERT ON artifacts FOR EACH ROW
+             WHEN (NEW.stage = 'poison') EXECUTE FUNCTION refuse_poison()"
         }
-    }
+    })
+    .await;
 }
 
 /// Item 3 of #20, whatever the completion's error. Seen failing before the
@@ -465,17 +450,7 @@ async fn a_notify_that_fails_after_commit_does_not_fail_the_committed_batch() {
     );
     let h = Harness::at_url(url, Arc::new(ManualClock::new(1_000_000))).await;
     h.register(&["noop", "pass"]).await;
-    let pipeline = r#"
-name = "two"
-[[stage]]
-name = "a"
-plugin = "noop@^1"
-[[stage]]
-name = "b"
-plugin = "pass@^1"
-inputs = { in = "a.out" }
-"#;
-    let run = h.submit(pipeline, b"").await;
+    let run = h.submit(ratchet_tests::TWO_STAGES, b"").await;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {schema}.refuse_notify VALUES (true)"
     )))

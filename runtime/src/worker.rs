@@ -83,7 +83,7 @@ pub async fn run(
     let wake = Arc::new(Notify::new());
     let _listening = sched.store().listen_ready(wake.clone());
     let report = sched.store().reconcile(clock.now_ms()).await?;
-    if report != Default::default() {
+    if report.changed() {
         tracing::info!(?report, "reconciled on start");
     }
     let reconciler = (!opts.until_idle).then(|| {
@@ -100,7 +100,7 @@ pub async fn run(
                     _ = tokio::time::sleep(every) => {}
                 }
                 match sched.store().reconcile(clock.now_ms()).await {
-                    Ok(r) if r != Default::default() => tracing::info!(report = ?r, "reconciled"),
+                    Ok(r) if r.changed() => tracing::info!(report = ?r, "reconciled"),
                     Ok(_) => {}
                     Err(e) => tracing::warn!("reconcile failed: {e}"),
                 }
@@ -280,7 +280,7 @@ impl Producer {
         if summary.count(JobState::Ready) + summary.count(JobState::Running) > 0 {
             return Ok(false);
         }
-        Ok(self.sched.store().reconcile(now).await? == Default::default())
+        Ok(!self.sched.store().reconcile(now).await?.changed())
     }
 
     /// How long to wait for work when nothing is due: until the next job

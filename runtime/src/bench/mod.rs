@@ -35,6 +35,11 @@ pub struct BenchConfig {
     pub calls: usize,
     /// Scenario 6: runs of each of Obelisk's fan-out sizes.
     pub peer_runs: usize,
+    /// Scenario 7: plugins of other names, then versions of its own, added
+    /// to the registry.
+    pub registered: usize,
+    /// Scenario 7: submits timed at each registry size.
+    pub submit_samples: usize,
 }
 
 /// Obelisk 0.41 on SQLite, measured on this kind of machine (issue #6): a
@@ -54,6 +59,8 @@ impl BenchConfig {
             latency_samples: 300,
             calls: 5000,
             peer_runs: 5,
+            registered: 1_000,
+            submit_samples: 200,
         }
     }
 
@@ -70,6 +77,8 @@ impl BenchConfig {
             latency_samples: 20,
             calls: 200,
             peer_runs: 1,
+            registered: 50,
+            submit_samples: 10,
         }
     }
 }
@@ -88,6 +97,24 @@ pub struct FanoutPoint {
     pub rss_at_start_mb: f64,
     /// Peak resident memory during the burn-down (VmHWM, reset at start).
     pub peak_rss_mb: f64,
+    /// `audit --run` of the finished run: its time, and the peak resident
+    /// memory while it ran (reset at its start).
+    pub audit_seconds: f64,
+    pub audit_peak_rss_mb: f64,
+}
+
+/// Scenario 7: the median time to submit the chain pipeline as the
+/// registry grows.
+#[derive(Debug, Clone, Serialize)]
+pub struct SubmitCost {
+    /// Plugins of other names added, then as many versions of `pass`.
+    pub registered: usize,
+    /// With the bench plugins alone.
+    pub alone_us: f64,
+    /// With `registered` plugins of other names.
+    pub other_plugins_us: f64,
+    /// With `registered` more versions of the plugin the pipeline runs too.
+    pub own_versions_us: f64,
 }
 
 /// Scenario 6: one of Obelisk's fan-out sizes, run as scenario 3 does.
@@ -126,6 +153,7 @@ pub struct BackendReport {
     pub wasm_vs_native: f64,
     pub instantiate_call_us: f64,
     pub peer: Vec<PeerPoint>,
+    pub submit: SubmitCost,
 }
 
 pub(crate) fn per_s(count: usize, elapsed: Duration) -> f64 {
@@ -174,12 +202,14 @@ pub async fn run_backend(
     for stages in [config.fanout / 10, config.fanout] {
         let point = scenarios::fanout(scratch, config, stages.max(1)).await?;
         progress(&format!(
-            "fan-out {stages}: submitted in {:.3} s, burnt down in {:.3} s, {:.0} µs/stage, RSS {:.0} MB at start, peak {:.0} MB",
+            "fan-out {stages}: submitted in {:.3} s, burnt down in {:.3} s, {:.0} µs/stage, RSS {:.0} MB at start, peak {:.0} MB; audited in {:.3} s, peak {:.0} MB",
             point.submit_seconds,
             point.seconds,
             point.per_stage_us,
             point.rss_at_start_mb,
-            point.peak_rss_mb
+            point.peak_rss_mb,
+            point.audit_seconds,
+            point.audit_peak_rss_mb
         ));
         fanout.push(point);
     }
@@ -189,6 +219,14 @@ pub async fn run_backend(
         call.as_secs_f64() * 1e6
     ));
     let peer = run_peer(scratch, config, progress).await?;
+    let submit = scenarios::submit_cost(scratch, config).await?;
+    progress(&format!(
+        "submit: {:.0} µs; with {n} plugins of other names {:.0} µs; with {n} more versions of its own {:.0} µs",
+        submit.alone_us,
+        submit.other_plugins_us,
+        submit.own_versions_us,
+        n = submit.registered,
+    ));
     Ok(BackendReport {
         raw_txn_per_s: raw,
         stage_completions_per_s: wasm,
@@ -204,6 +242,7 @@ pub async fn run_backend(
         wasm_vs_native: native / wasm.max(1e-9),
         instantiate_call_us: call.as_secs_f64() * 1e6,
         peer,
+        submit,
     })
 }
 
@@ -253,7 +292,7 @@ pub async fn run_peer(
 }
 
 /// The median of sorted values (the mean of the middle two of an even count).
-fn median(sorted: &[f64]) -> f64 {
+pub(crate) fn median(sorted: &[f64]) -> f64 {
     match sorted.len() {
         0 => 0.0,
         n if n % 2 == 1 => sorted[n / 2],
@@ -284,6 +323,7 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
         ("    fan-out large: submit s; s, µs/stage".into(), vec![]),
         ("    growth large/small per stage".into(), vec![]),
         ("    RSS start/peak, small; large, MB".into(), vec![]),
+        ("    audit s, peak MB, small; large".into(), vec![]),
         ("(4) release latency p50 / p99, ms".into(), vec![]),
         ("(5) native chain, completions/s".into(), vec![]),
         ("    Wasm vs native (time ratio)".into(), vec![]),
@@ -307,6 +347,13 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
                 r.fanout[1].peak_rss_mb
             ),
             format!(
+                "{:.3}, {:.0}; {:.3}, {:.0}",
+                r.fanout[0].audit_seconds,
+                r.fanout[0].audit_peak_rss_mb,
+                r.fanout[1].audit_seconds,
+                r.fanout[1].audit_peak_rss_mb
+            ),
+            format!(
                 "{:.2} / {:.2}",
                 r.release_latency_p50_ms, r.release_latency_p99_ms
             ),
@@ -323,6 +370,20 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
         .map(|(n, r)| (*n, r.peer.as_slice()))
         .collect();
     rows.extend(peer_rows(&peers));
+    let registered = reports.first().map_or(0, |(_, r)| r.submit.registered);
+    rows.push((
+        format!("(7) submit µs: alone; +{registered} other plugins; +{registered} own versions"),
+        reports
+            .iter()
+            .map(|(_, r)| {
+                let s = &r.submit;
+                format!(
+                    "{:.0}; {:.0}; {:.0}",
+                    s.alone_us, s.other_plugins_us, s.own_versions_us
+                )
+            })
+            .collect(),
+    ));
     render(reports.iter().map(|(name, _)| *name), &rows)
 }
 
@@ -405,6 +466,8 @@ mod tests {
             per_stage_us: 123.0 * scale,
             rss_at_start_mb: 30.0,
             peak_rss_mb: 31.0,
+            audit_seconds: 0.01 * scale,
+            audit_peak_rss_mb: 32.0,
         };
         BackendReport {
             raw_txn_per_s: 1_000.0 * scale,
@@ -430,6 +493,12 @@ mod tests {
                     times_faster: obelisk_seconds / (0.05 * scale),
                 })
                 .collect(),
+            submit: SubmitCost {
+                registered: 1_000,
+                alone_us: 500.0 * scale,
+                other_plugins_us: 510.0 * scale,
+                own_versions_us: 900.0 * scale,
+            },
         }
     }
 

@@ -6,9 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, watch};
+use wasm_encoder::ComponentSection;
 
-use super::{BenchConfig, FanoutPoint, per_s, percentile};
+use super::{BenchConfig, FanoutPoint, SubmitCost, median, per_s, percentile};
 use crate::bundled::BENCH_PLUGINS;
+use crate::audit;
 use crate::clock::{Clock, SystemClock};
 use crate::digest::sha256_hex;
 use crate::lock;
@@ -17,7 +19,9 @@ use crate::model::StochasticModel;
 use crate::plugin::{ExecError, HostConfig, Invocation, Payload, PluginHost};
 use crate::registry;
 use crate::scheduler::{NativeStage, Scheduler, SchedulerConfig, SchedulerProbe};
-use crate::store::{self, ArtifactPut, ClaimedJob, PostgresStore, RawCompletion, Store};
+use crate::store::{
+    self, ArtifactPut, ClaimedJob, PluginPut, PostgresStore, RawCompletion, Store,
+};
 use crate::worker::{self, WorkerOptions};
 
 /// Where the scenarios' databases live: a temporary folder of SQLite files,
@@ -331,7 +335,7 @@ pub(super) async fn fanout(
     let text = fanout_pipeline(stages);
     let submitted = Instant::now();
     let pipeline = Pipeline::parse("bench fan-out", &text)?;
-    rig.submit(&pipeline, b"fan".to_vec()).await?;
+    let run = rig.submit(&pipeline, b"fan".to_vec()).await?;
     let submit_seconds = submitted.elapsed().as_secs_f64();
     drop((text, pipeline));
     // Only what the burn-down needs counts: the peak starts again here.
@@ -340,13 +344,21 @@ pub(super) async fn fanout(
     let elapsed = rig
         .burn_down(rig.scheduler(false, None), config.workers)
         .await?;
+    let peak_rss_mb = memory_mb("VmHWM:");
+    // The run's audit, with a peak of its own.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let audited = Instant::now();
+    let report = audit::audit_store(rig.store.as_ref(), Some(&run), &mut |_| {}).await?;
+    anyhow::ensure!(report.is_clean(), "the fan-out run's audit: {:?}", report.violations);
     Ok(FanoutPoint {
         stages,
         submit_seconds,
         seconds: elapsed.as_secs_f64(),
         per_stage_us: elapsed.as_secs_f64() * 1e6 / (stages + 1) as f64,
         rss_at_start_mb,
-        peak_rss_mb: memory_mb("VmHWM:"),
+        peak_rss_mb,
+        audit_seconds: audited.elapsed().as_secs_f64(),
+        audit_peak_rss_mb: memory_mb("VmHWM:"),
     })
 }
 
@@ -447,4 +459,80 @@ pub(super) async fn instantiate_call(
         anyhow::ensure!(outcome.is_ok(), "noop failed: {:?}", outcome.err());
     }
     Ok(start.elapsed() / config.calls.max(1) as u32)
+}
+
+/// (7) What submitting a run costs as the registry grows: the median
+/// submit of the chain pipeline with the bench plugins alone, then with
+/// `config.registered` more plugins of other names, then with as many more
+/// versions of `pass`, the plugin the chain runs. The variants are `pass`
+/// with a custom section appended (another digest, the same code) under a
+/// manifest of another name or version, put straight into the store: only
+/// what a submit reads of them is measured, and compiling each would take
+/// minutes.
+pub(super) async fn submit_cost(
+    scratch: &Scratch,
+    config: &BenchConfig,
+) -> anyhow::Result<SubmitCost> {
+    let rig = rig(scratch, "submit", config.workers).await?;
+    let pipeline = chain_pipeline(config.chain)?;
+    let pass = BENCH_PLUGINS
+        .iter()
+        .find(|(name, _)| *name == "pass")
+        .map(|(_, bytes)| *bytes)
+        .ok_or_else(|| anyhow::anyhow!("the pass plugin is not bundled"))?;
+    let manifest = rig.host.inspect(pass).await?.manifest.clone();
+    let mut sample = 0;
+    let mut median_us = async |rig: &Rig| -> anyhow::Result<f64> {
+        let mut times = Vec::with_capacity(config.submit_samples);
+        for _ in 0..config.submit_samples.max(1) {
+            sample += 1;
+            let start = Instant::now();
+            rig.submit(&pipeline, format!("sample {sample}").into_bytes())
+                .await?;
+            times.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(median(&times))
+    };
+    let alone_us = median_us(&rig).await?;
+    let mut variant = 0;
+    let mut register = async |name: &str, version: semver::Version| -> anyhow::Result<()> {
+        variant += 1;
+        let mut component = pass.to_vec();
+        let text = format!("bench variant {variant}");
+        wasm_encoder::CustomSection {
+            name: "ratchet-bench".into(),
+            data: text.as_bytes().into(),
+        }
+        .append_to_component(&mut component);
+        let mut manifest = manifest.clone();
+        manifest.name = name.to_string();
+        manifest.version = version;
+        rig.store
+            .plugin_put(PluginPut {
+                digest: sha256_hex(&component),
+                name: manifest.name.clone(),
+                version: manifest.version.to_string(),
+                manifest: toml::to_string(&manifest)?,
+                component,
+                now: rig.clock.now_ms(),
+            })
+            .await?;
+        Ok(())
+    };
+    for i in 0..config.registered {
+        register(&format!("other-{i}"), semver::Version::new(1, 0, 0)).await?;
+    }
+    let other_plugins_us = median_us(&rig).await?;
+    // Below the bundled 1.x, so the chain still runs the one it ran.
+    for i in 0..config.registered {
+        register("pass", semver::Version::new(0, 1, i as u64)).await?;
+    }
+    let own_versions_us = median_us(&rig).await?;
+    Ok(SubmitCost {
+        registered: config.registered,
+        alone_us,
+        other_plugins_us,
+        own_versions_us,
+    })
 }

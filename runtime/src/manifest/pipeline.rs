@@ -342,17 +342,26 @@ impl Pipeline {
             .filter(|(_, d)| **d > 0)
             .map(|(s, _)| *s)
             .collect();
+        // One unprocessed predecessor of each stage left, looked up once
+        // (a search of every edge at every step took minutes on a cycle
+        // of 100,000 stages).
+        let mut before: BTreeMap<&str, &str> = BTreeMap::new();
+        for e in edges {
+            if left.contains(e.from_stage.as_str()) {
+                before.entry(e.to_stage.as_str()).or_insert(e.from_stage.as_str());
+            }
+        }
         let mut path: Vec<&str> = Vec::new();
+        let mut on_path: BTreeMap<&str, usize> = BTreeMap::new();
         let mut at = *left.iter().next().expect("a cycle leaves stages behind");
-        while !path.contains(&at) {
+        while !on_path.contains_key(at) {
+            on_path.insert(at, path.len());
             path.push(at);
-            at = edges
-                .iter()
-                .find(|e| e.to_stage == at && left.contains(e.from_stage.as_str()))
-                .map(|e| e.from_stage.as_str())
+            at = before
+                .get(at)
                 .expect("an unprocessed stage has an unprocessed predecessor");
         }
-        let start = path.iter().position(|s| *s == at).unwrap_or(0);
+        let start = on_path[at];
         let mut cycle: Vec<&str> = path[start..].to_vec();
         cycle.reverse();
         cycle.push(cycle[0]);

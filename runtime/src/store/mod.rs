@@ -3,6 +3,7 @@
 
 mod complete;
 mod postgres;
+mod reconcile;
 mod rows;
 mod sqlite;
 mod types;
@@ -12,6 +13,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use postgres::PostgresStore;
+pub use reconcile::{RECONCILE_LEASES_PER_BATCH, RECONCILE_RUNS_PER_BATCH};
 pub use sqlite::{CheckpointStats, SqliteStore};
 pub use types::*;
 
@@ -180,7 +182,7 @@ macro_rules! impl_store {
                 audit::outbox(&self.pool, run_id).await
             }
             async fn reconcile(&self, now: i64) -> Result<ReconcileReport> {
-                jobs::reconcile(self, now).await
+                crate::store::reconcile::in_batches(self, now).await
             }
             async fn audit_facts(&self, run_id: &str) -> Result<AuditFacts> {
                 audit::facts(self, run_id).await

@@ -531,12 +531,25 @@ pub struct OutboxRow {
     pub published_at: Option<i64>,
 }
 
+/// What one reconcile repaired, and in how many transactions: it works in
+/// bounded batches (`store/reconcile.rs`), never one transaction over the
+/// whole database.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct ReconcileReport {
     pub dead_expired_leases: u64,
     pub pending_repaired: u64,
     pub edges_repaired: u64,
     pub runs_finished: u64,
+    /// Write transactions it took (one per batch).
+    pub transactions: u64,
+}
+
+impl ReconcileReport {
+    /// Whether anything was repaired.
+    pub fn changed(&self) -> bool {
+        self.dead_expired_leases + self.pending_repaired + self.edges_repaired + self.runs_finished
+            > 0
+    }
 }
 
 /// Rows the audit checks, read in one snapshot.

@@ -1,5 +1,6 @@
-//! `jobs`, `edges` and `attempts`: claim, fail, reconcile (completions are
-//! in `complete.rs`, locking in the order `store::complete` gives).
+//! `jobs`, `edges` and `attempts`: claim, fail (completions are in
+//! `complete.rs`, locking in the order `store::complete` gives; reconcile
+//! is in `reconcile.rs`).
 
 use std::collections::BTreeMap;
 
@@ -148,7 +149,7 @@ pub(super) async fn fence(
 /// their attempts are fenced out when they finish and their leases are
 /// never taken over (docs/job-states.md). Jobs before the run row, as in
 /// completion.
-async fn kill_job(tx: &mut Tx, job_id: i64, run_id: &str, error: &str, now: i64) -> Result<()> {
+pub(super) async fn kill_job(tx: &mut Tx, job_id: i64, run_id: &str, error: &str, now: i64) -> Result<()> {
     sqlx::query(
         "UPDATE jobs SET state = 'dead', lease_owner = NULL, lease_expires_at = NULL,
                 last_error = $1, updated_at = $2
@@ -294,81 +295,4 @@ pub(super) async fn summary(store: &PostgresStore, now: i64) -> Result<JobSummar
         next_due_at,
         lapsed_on_last_attempt,
     })
-}
-
-pub(super) async fn reconcile(store: &PostgresStore, now: i64) -> Result<ReconcileReport> {
-    let mut tx = store.begin_write().await?;
-    let mut report = ReconcileReport::default();
-    let exhausted = sqlx::query(
-        "SELECT id, run_id, attempt FROM jobs
-         WHERE state = 'running' AND lease_expires_at <= $1 AND attempt >= max_attempts
-         ORDER BY id
-         FOR UPDATE SKIP LOCKED",
-    )
-    .bind(now)
-    .fetch_all(&mut *tx)
-    .await?;
-    for row in exhausted {
-        let (job_id, run_id, attempt): (i64, String, i64) = (
-            row.try_get("id")?,
-            row.try_get("run_id")?,
-            row.try_get("attempt")?,
-        );
-        let error = "lease expired on the final attempt (the worker died or hung)";
-        sqlx::query(
-            "UPDATE attempts SET outcome = 'lease_expired', finished_at = $1, error = $2
-             WHERE job_id = $3 AND attempt = $4 AND outcome = 'running'",
-        )
-        .bind(now)
-        .bind(error)
-        .bind(job_id)
-        .bind(attempt)
-        .execute(&mut *tx)
-        .await?;
-        kill_job(&mut tx, job_id, &run_id, error, now).await?;
-        report.dead_expired_leases += 1;
-    }
-    report.edges_repaired = sqlx::query(
-        "UPDATE edges SET satisfied = 1
-         WHERE satisfied = 0 AND EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = edges.run_id
-                                         AND j.stage = edges.from_stage AND j.state = 'succeeded')",
-    )
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    report.pending_repaired = sqlx::query(
-        "UPDATE jobs SET pending = (SELECT COUNT(*) FROM edges e WHERE e.run_id = jobs.run_id
-                                    AND e.to_stage = jobs.stage AND e.satisfied = 0),
-                updated_at = $1
-         WHERE state = 'blocked'
-           AND pending != (SELECT COUNT(*) FROM edges e WHERE e.run_id = jobs.run_id
-                           AND e.to_stage = jobs.stage AND e.satisfied = 0)",
-    )
-    .bind(now)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    let ready = sqlx::query(
-        "UPDATE jobs SET state = 'ready', next_run_at = $1, updated_at = $1
-         WHERE state = 'blocked' AND pending = 0",
-    )
-    .bind(now)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    report.pending_repaired += ready;
-    report.runs_finished = sqlx::query(
-        "UPDATE runs SET state = 'succeeded', finished_at = $1
-         WHERE state = 'running'
-           AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.run_id = runs.id AND jobs.state != 'succeeded')",
-    )
-    .bind(now)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if ready > 0 {
-        notify_ready(&mut *tx).await?;
-    }
-    tx.commit().await?;
-    Ok(report)
 }

@@ -8,6 +8,7 @@ mod bench;
 mod complete;
 mod jobs;
 mod plugins;
+mod reconcile;
 mod runs;
 
 use std::str::FromStr;

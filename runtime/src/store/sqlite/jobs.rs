@@ -1,5 +1,5 @@
-//! `jobs`, `edges` and `attempts`: claim, fail, reconcile (completions are
-//! in `complete.rs`).
+//! `jobs`, `edges` and `attempts`: claim, fail (completions are in
+//! `complete.rs`, reconcile in `reconcile.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -177,7 +177,7 @@ pub(super) async fn fence(
 /// failed run starts nothing new. Jobs still running are cancelled too, so
 /// their attempts are fenced out when they finish and their leases are
 /// never taken over (docs/job-states.md).
-async fn kill_job(tx: &mut Tx<'_>, job_id: i64, run_id: &str, error: &str, now: i64) -> Result<()> {
+pub(super) async fn kill_job(tx: &mut Tx<'_>, job_id: i64, run_id: &str, error: &str, now: i64) -> Result<()> {
     sqlx::query(
         "UPDATE jobs SET state = 'dead', lease_owner = NULL, lease_expires_at = NULL,
                 last_error = ?, updated_at = ?
@@ -332,80 +332,4 @@ pub(super) async fn summary(store: &SqliteStore, now: i64) -> Result<JobSummary>
         next_due_at,
         lapsed_on_last_attempt,
     })
-}
-
-pub(super) async fn reconcile(store: &SqliteStore, now: i64) -> Result<ReconcileReport> {
-    let mut writer = store.writer.lock().await;
-    let mut tx = begin_write(&mut writer).await?;
-    let mut report = ReconcileReport::default();
-    let exhausted = sqlx::query(concat!(
-        "SELECT id, run_id, attempt FROM jobs WHERE state = 'running' AND ",
-        live!(),
-        " AND lease_expires_at <= ? AND attempt >= max_attempts ORDER BY id"
-    ))
-    .bind(now)
-    .fetch_all(&mut *tx)
-    .await?;
-    for row in exhausted {
-        let (job_id, run_id, attempt): (i64, String, i64) = (
-            row.try_get("id")?,
-            row.try_get("run_id")?,
-            row.try_get("attempt")?,
-        );
-        let error = "lease expired on the final attempt (the worker died or hung)";
-        sqlx::query(
-            "UPDATE attempts SET outcome = 'lease_expired', finished_at = ?, error = ?
-             WHERE job_id = ? AND attempt = ? AND outcome = 'running'",
-        )
-        .bind(now)
-        .bind(error)
-        .bind(job_id)
-        .bind(attempt)
-        .execute(&mut *tx)
-        .await?;
-        kill_job(&mut tx, job_id, &run_id, error, now).await?;
-        report.dead_expired_leases += 1;
-    }
-    report.edges_repaired = sqlx::query(
-        "UPDATE edges SET satisfied = 1
-         WHERE satisfied = 0 AND EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = edges.run_id
-                                         AND j.stage = edges.from_stage AND j.state = 'succeeded')",
-    )
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    report.pending_repaired = sqlx::query(concat!(
-        "UPDATE jobs SET pending = (SELECT COUNT(*) FROM edges e WHERE e.run_id = jobs.run_id
-                                    AND e.to_stage = jobs.stage AND e.satisfied = 0),
-                updated_at = ?1
-         WHERE state = 'blocked' AND ",
-        live!(),
-        " AND pending != (SELECT COUNT(*) FROM edges e WHERE e.run_id = jobs.run_id
-                            AND e.to_stage = jobs.stage AND e.satisfied = 0)"
-    ))
-    .bind(now)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    report.pending_repaired += sqlx::query(concat!(
-        "UPDATE jobs SET state = 'ready', next_run_at = ?1, updated_at = ?1
-         WHERE state = 'blocked' AND ",
-        live!(),
-        " AND pending = 0"
-    ))
-    .bind(now)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    report.runs_finished = sqlx::query(
-        "UPDATE runs SET state = 'succeeded', finished_at = ?1
-         WHERE state = 'running'
-           AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.run_id = runs.id AND jobs.state != 'succeeded')",
-    )
-    .bind(now)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    store.commit(tx).await?;
-    Ok(report)
 }

@@ -9,6 +9,7 @@ mod checkpoint;
 mod complete;
 mod jobs;
 mod plugins;
+mod reconcile;
 mod runs;
 
 use std::str::FromStr;

@@ -1,0 +1,63 @@
+//! Reconcile in bounded batches. A reconcile repairs what slipped past a
+//! crash: leases that lapsed on a job's last attempt, edges of succeeded
+//! stages left unsatisfied, dependency counts that drifted, runs whose
+//! every job succeeded. Each batch is a transaction of its own, bounded in
+//! rows: at most [`RECONCILE_LEASES_PER_BATCH`] lapsed leases, or the
+//! running runs of one page of [`RECONCILE_RUNS_PER_BATCH`] (finished runs are never read). One
+//! transaction over the whole database held SQLite's single writer, and
+//! every row lock it took on PostgreSQL, for as long as the database was
+//! large, and scanned every edge ever written.
+
+use async_trait::async_trait;
+
+use super::{ReconcileReport, Result};
+
+/// Lapsed last-attempt leases ended per transaction.
+pub const RECONCILE_LEASES_PER_BATCH: usize = 256;
+/// Running runs repaired per transaction.
+pub const RECONCILE_RUNS_PER_BATCH: usize = 64;
+
+/// The reason a lapsed last-attempt lease kills its job.
+pub(crate) const LAPSED_ON_LAST_ATTEMPT: &str =
+    "lease expired on the final attempt (the worker died or hung)";
+
+/// One batch of each kind, in one transaction each; both backends.
+#[async_trait]
+pub(crate) trait ReconcileBatches {
+    /// Ends up to `limit` leases that lapsed on their job's last attempt,
+    /// lowest job id first: the attempt `lease_expired`, the job dead, its
+    /// run failed. Returns how many.
+    async fn end_lapsed_leases(&self, now: i64, limit: usize) -> Result<u64>;
+    /// Up to `limit` ids of running runs after `after`, in id order.
+    async fn running_runs(&self, after: &str, limit: usize) -> Result<Vec<String>>;
+    /// Repairs edges, dependency counts and run states of these runs.
+    async fn repair_runs(&self, runs: &[String], now: i64, report: &mut ReconcileReport)
+    -> Result<()>;
+}
+
+/// Every batch until none is left.
+pub(crate) async fn in_batches(store: &impl ReconcileBatches, now: i64) -> Result<ReconcileReport> {
+    let mut report = ReconcileReport::default();
+    loop {
+        let ended = store.end_lapsed_leases(now, RECONCILE_LEASES_PER_BATCH).await?;
+        report.transactions += 1;
+        report.dead_expired_leases += ended;
+        if ended < RECONCILE_LEASES_PER_BATCH as u64 {
+            break;
+        }
+    }
+    let mut after = String::new();
+    loop {
+        let runs = store.running_runs(&after, RECONCILE_RUNS_PER_BATCH).await?;
+        let Some(last) = runs.last() else {
+            break;
+        };
+        after = last.clone();
+        store.repair_runs(&runs, now, &mut report).await?;
+        report.transactions += 1;
+        if runs.len() < RECONCILE_RUNS_PER_BATCH {
+            break;
+        }
+    }
+    Ok(report)
+}

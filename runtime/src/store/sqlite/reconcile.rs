@@ -1,0 +1,111 @@
+//! Reconcile's batches (`store/reconcile.rs`), each one write transaction.
+
+use async_trait::async_trait;
+use sqlx::Row;
+
+use super::*;
+use crate::store::reconcile::{LAPSED_ON_LAST_ATTEMPT, ReconcileBatches};
+
+/// The runs of one batch, bound as a JSON array.
+const BATCH_RUNS: &str = "(SELECT value FROM json_each(?1))";
+
+#[async_trait]
+impl ReconcileBatches for SqliteStore {
+    async fn end_lapsed_leases(&self, now: i64, limit: usize) -> Result<u64> {
+        let mut writer = self.writer.lock().await;
+        let mut tx = begin_write(&mut writer).await?;
+        let lapsed = sqlx::query(concat!(
+            "SELECT id, run_id, attempt FROM jobs WHERE state = 'running' AND ",
+            live!(),
+            " AND lease_expires_at <= ?1 AND attempt >= max_attempts ORDER BY id LIMIT ?2"
+        ))
+        .bind(now)
+        .bind(limit as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+        for row in &lapsed {
+            let (job_id, run_id, attempt): (i64, String, i64) = (
+                row.try_get("id")?,
+                row.try_get("run_id")?,
+                row.try_get("attempt")?,
+            );
+            sqlx::query(
+                "UPDATE attempts SET outcome = 'lease_expired', finished_at = ?, error = ?
+                 WHERE job_id = ? AND attempt = ? AND outcome = 'running'",
+            )
+            .bind(now)
+            .bind(LAPSED_ON_LAST_ATTEMPT)
+            .bind(job_id)
+            .bind(attempt)
+            .execute(&mut *tx)
+            .await?;
+            jobs::kill_job(&mut tx, job_id, &run_id, LAPSED_ON_LAST_ATTEMPT, now).await?;
+        }
+        self.commit(tx).await?;
+        Ok(lapsed.len() as u64)
+    }
+
+    async fn running_runs(&self, after: &str, limit: usize) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM runs WHERE state = 'running' AND id > ?1 ORDER BY id LIMIT ?2",
+        )
+        .bind(after)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn repair_runs(
+        &self,
+        runs: &[String],
+        now: i64,
+        report: &mut ReconcileReport,
+    ) -> Result<()> {
+        let runs = serde_json::json!(runs).to_string();
+        let mut writer = self.writer.lock().await;
+        let mut tx = begin_write(&mut writer).await?;
+        report.edges_repaired += sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE edges SET satisfied = 1
+             WHERE run_id IN {BATCH_RUNS} AND satisfied = 0
+               AND EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = edges.run_id
+                           AND j.stage = edges.from_stage AND j.state = 'succeeded')"
+        )))
+        .bind(&runs)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let unsatisfied = "(SELECT COUNT(*) FROM edges e WHERE e.run_id = jobs.run_id
+                            AND e.to_stage = jobs.stage AND e.satisfied = 0)";
+        report.pending_repaired += sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE jobs SET pending = {unsatisfied}, updated_at = ?2
+             WHERE run_id IN {BATCH_RUNS} AND state = 'blocked' AND pending != {unsatisfied}"
+        )))
+        .bind(&runs)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        report.pending_repaired += sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE jobs SET state = 'ready', next_run_at = ?2, updated_at = ?2
+             WHERE run_id IN {BATCH_RUNS} AND state = 'blocked' AND pending = 0"
+        )))
+        .bind(&runs)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        report.runs_finished += sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE runs SET state = 'succeeded', finished_at = ?2
+             WHERE id IN {BATCH_RUNS} AND state = 'running'
+               AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.run_id = runs.id
+                               AND jobs.state != 'succeeded')"
+        )))
+        .bind(&runs)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        self.commit(tx).await?;
+        Ok(())
+    }
+}

@@ -1,4 +1,4 @@
-//! Named crash points (DESIGN.md), driven by the `FAILPOINTS` environment
+//! Named crash points (ADR 0004), driven by the `FAILPOINTS` environment
 //! variable when built with the `failpoints` feature.
 //!
 //! `FAILPOINTS="after_commit=return(exit)"` ends the process there with

@@ -6,7 +6,7 @@
 //! and job first and releasing dependents in a second transaction (crash
 //! point between), and the reconciler's edge repair turned off, both
 //! `after_commit` cases fail: the run stays stuck after the restart. With
-//! the reconciler on, it repairs that slip, as DESIGN.md asks.
+//! the reconciler on, it repairs that slip (ADR 0003).
 
 use ratchet_runtime::crash::CRASH_EXIT_CODE;
 use std::sync::Arc;

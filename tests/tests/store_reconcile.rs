@@ -70,7 +70,10 @@ async fn bounded_batches(backend: Backend) {
     let lapsing = RECONCILE_LEASES_PER_BATCH + 1;
     let mut lapsed_runs = Vec::new();
     for i in 0..lapsing {
-        lapsed_runs.push(h.submit(&last_attempt, format!("lapsing {i}").as_bytes()).await);
+        lapsed_runs.push(
+            h.submit(&last_attempt, format!("lapsing {i}").as_bytes())
+                .await,
+        );
     }
     let sched = h.scheduler("vanishing-worker", 1_000);
     let claimed = sched.claim_many(lapsing).await.expect("claim");
@@ -79,7 +82,8 @@ async fn bounded_batches(backend: Backend) {
 
     let drifting = 2 * RECONCILE_RUNS_PER_BATCH + 1;
     for i in 0..drifting {
-        h.submit(TWO_STAGES, format!("drifting {i}").as_bytes()).await;
+        h.submit(TWO_STAGES, format!("drifting {i}").as_bytes())
+            .await;
     }
     h.raw_sql("UPDATE jobs SET pending = 7 WHERE stage = 'b' AND state = 'blocked'")
         .await;

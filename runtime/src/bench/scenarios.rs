@@ -9,8 +9,8 @@ use tokio::sync::{Notify, watch};
 use wasm_encoder::ComponentSection;
 
 use super::{BenchConfig, FanoutPoint, SubmitCost, median, per_s, percentile};
-use crate::bundled::BENCH_PLUGINS;
 use crate::audit;
+use crate::bundled::BENCH_PLUGINS;
 use crate::clock::{Clock, SystemClock};
 use crate::digest::sha256_hex;
 use crate::lock;
@@ -19,9 +19,7 @@ use crate::model::StochasticModel;
 use crate::plugin::{ExecError, HostConfig, Invocation, Payload, PluginHost};
 use crate::registry;
 use crate::scheduler::{NativeStage, Scheduler, SchedulerConfig, SchedulerProbe};
-use crate::store::{
-    self, ArtifactPut, ClaimedJob, PluginPut, PostgresStore, RawCompletion, Store,
-};
+use crate::store::{self, ArtifactPut, ClaimedJob, PluginPut, PostgresStore, RawCompletion, Store};
 use crate::worker::{self, WorkerOptions};
 
 /// Where the scenarios' databases live: a temporary folder of SQLite files,
@@ -349,7 +347,11 @@ pub(super) async fn fanout(
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let audited = Instant::now();
     let report = audit::audit_store(rig.store.as_ref(), Some(&run), &mut |_| {}).await?;
-    anyhow::ensure!(report.is_clean(), "the fan-out run's audit: {:?}", report.violations);
+    anyhow::ensure!(
+        report.is_clean(),
+        "the fan-out run's audit: {:?}",
+        report.violations
+    );
     Ok(FanoutPoint {
         stages,
         submit_seconds,

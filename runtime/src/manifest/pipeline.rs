@@ -348,7 +348,9 @@ impl Pipeline {
         let mut before: BTreeMap<&str, &str> = BTreeMap::new();
         for e in edges {
             if left.contains(e.from_stage.as_str()) {
-                before.entry(e.to_stage.as_str()).or_insert(e.from_stage.as_str());
+                before
+                    .entry(e.to_stage.as_str())
+                    .or_insert(e.from_stage.as_str());
             }
         }
         let mut path: Vec<&str> = Vec::new();

@@ -31,15 +31,21 @@ pub(crate) trait ReconcileBatches {
     /// Up to `limit` ids of running runs after `after`, in id order.
     async fn running_runs(&self, after: &str, limit: usize) -> Result<Vec<String>>;
     /// Repairs edges, dependency counts and run states of these runs.
-    async fn repair_runs(&self, runs: &[String], now: i64, report: &mut ReconcileReport)
-    -> Result<()>;
+    async fn repair_runs(
+        &self,
+        runs: &[String],
+        now: i64,
+        report: &mut ReconcileReport,
+    ) -> Result<()>;
 }
 
 /// Every batch until none is left.
 pub(crate) async fn in_batches(store: &impl ReconcileBatches, now: i64) -> Result<ReconcileReport> {
     let mut report = ReconcileReport::default();
     loop {
-        let ended = store.end_lapsed_leases(now, RECONCILE_LEASES_PER_BATCH).await?;
+        let ended = store
+            .end_lapsed_leases(now, RECONCILE_LEASES_PER_BATCH)
+            .await?;
         report.transactions += 1;
         report.dead_expired_leases += ended;
         if ended < RECONCILE_LEASES_PER_BATCH as u64 {

@@ -149,7 +149,13 @@ pub(super) async fn fence(
 /// their attempts are fenced out when they finish and their leases are
 /// never taken over (docs/job-states.md). Jobs before the run row, as in
 /// completion.
-pub(super) async fn kill_job(tx: &mut Tx, job_id: i64, run_id: &str, error: &str, now: i64) -> Result<()> {
+pub(super) async fn kill_job(
+    tx: &mut Tx,
+    job_id: i64,
+    run_id: &str,
+    error: &str,
+    now: i64,
+) -> Result<()> {
     sqlx::query(
         "UPDATE jobs SET state = 'dead', lease_owner = NULL, lease_expires_at = NULL,
                 last_error = $1, updated_at = $2

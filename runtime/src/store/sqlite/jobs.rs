@@ -177,7 +177,13 @@ pub(super) async fn fence(
 /// failed run starts nothing new. Jobs still running are cancelled too, so
 /// their attempts are fenced out when they finish and their leases are
 /// never taken over (docs/job-states.md).
-pub(super) async fn kill_job(tx: &mut Tx<'_>, job_id: i64, run_id: &str, error: &str, now: i64) -> Result<()> {
+pub(super) async fn kill_job(
+    tx: &mut Tx<'_>,
+    job_id: i64,
+    run_id: &str,
+    error: &str,
+    now: i64,
+) -> Result<()> {
     sqlx::query(
         "UPDATE jobs SET state = 'dead', lease_owner = NULL, lease_expires_at = NULL,
                 last_error = ?, updated_at = ?

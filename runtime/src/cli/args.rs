@@ -1,0 +1,235 @@
+//! The command line's arguments and subcommands (clap).
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ratchet",
+    version,
+    about = "Durable pipelines of sandboxed Wasm stages"
+)]
+pub struct Cli {
+    /// Database URL: sqlite://PATH (created if missing) or postgres://USER@HOST:PORT/DB.
+    #[arg(
+        long,
+        global = true,
+        env = "RATCHET_DB",
+        default_value = "sqlite://ratchet.db"
+    )]
+    pub db: String,
+    /// Operator policy (TOML): the capabilities plugins may be granted and
+    /// caps on their limits. Without it every capability is grantable.
+    #[arg(long, global = true, env = "RATCHET_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// Folder for precompiled components [default: DB_FILE.components/ beside
+    /// a SQLite database; none for PostgreSQL].
+    #[arg(long, global = true, env = "RATCHET_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+impl Cli {
+    /// Every global option as given (or defaulted), as arguments.
+    pub fn global_args(&self) -> Vec<std::ffi::OsString> {
+        let m = &self.model;
+        let backend = clap::ValueEnum::to_possible_value(&m.backend)
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "--db".into(),
+            self.db.clone().into(),
+            "--model".into(),
+            backend.into(),
+            "--model-url".into(),
+            m.model_url.clone().into(),
+            "--model-name".into(),
+            m.model_name.clone().into(),
+            "--model-timeout-ms".into(),
+            m.model_timeout_ms.to_string().into(),
+        ];
+        if let Some(policy) = &self.policy {
+            args.extend(["--policy".into(), policy.clone().into_os_string()]);
+        }
+        if let Some(dir) = &self.cache_dir {
+            args.extend(["--cache-dir".into(), dir.clone().into_os_string()]);
+        }
+        args
+    }
+}
+
+/// The backend behind `model.generate`.
+#[derive(Debug, clap::Args)]
+pub struct ModelArgs {
+    /// `stochastic` (built in, random answers) or `openai` (any
+    /// OpenAI-compatible chat-completions server).
+    #[arg(
+        long = "model",
+        global = true,
+        env = "RATCHET_MODEL",
+        default_value = "stochastic"
+    )]
+    pub backend: ModelKind,
+    /// Base URL of the OpenAI-compatible API, up to the version.
+    #[arg(
+        long,
+        global = true,
+        env = "RATCHET_MODEL_URL",
+        default_value = "https://api.openai.com/v1"
+    )]
+    pub model_url: String,
+    #[arg(
+        long,
+        global = true,
+        env = "RATCHET_MODEL_NAME",
+        default_value = "gpt-4o-mini"
+    )]
+    pub model_name: String,
+    /// Per request, connect to last byte.
+    #[arg(
+        long,
+        global = true,
+        env = "RATCHET_MODEL_TIMEOUT_MS",
+        default_value_t = 60_000
+    )]
+    pub model_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModelKind {
+    Stochastic,
+    Openai,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Register the bundled plugins, run the demo pipeline through a real
+    /// worker crash, and tell what happened.
+    Demo {
+        /// How many runs of the demo pipeline to submit.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        runs: u32,
+    },
+    /// Manage registered plugins.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+    /// Submit a run of a pipeline file; prints the run id.
+    Run {
+        pipeline: PathBuf,
+        /// File whose bytes become the run's `$input`.
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// Submitting twice with one key creates one run.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// Claim and run stages until stopped (SIGTERM / Ctrl-C) or idle.
+    Worker {
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        concurrency: u32,
+        /// Exit once no stage is ready or running.
+        #[arg(long)]
+        until_idle: bool,
+        /// How long a claim is owned unless renewed (every third of it, while
+        /// the attempt runs): how long a dead worker's jobs wait to be taken over.
+        #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(100..))]
+        lease_ms: u64,
+        /// Recorded on leases and attempts (default: host:pid).
+        #[arg(long)]
+        worker_id: Option<String>,
+        /// After a stop signal, how long in-flight attempts may finish.
+        #[arg(long, default_value_t = 30)]
+        grace_secs: u64,
+    },
+    /// List runs, or show one run's stages.
+    Status {
+        run: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a run's artifacts, or print one.
+    Artifacts {
+        run: String,
+        /// STAGE.OUTPUT
+        artifact: Option<String>,
+        /// Write the artifact's exact bytes to stdout.
+        #[arg(long, requires = "artifact")]
+        raw: bool,
+    },
+    /// Check the three invariants over the whole database, one run at a
+    /// time (progress on stderr when it is a terminal), or over one run.
+    Audit {
+        /// Audit only this run.
+        #[arg(long)]
+        run: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Repair continuations that slipped (expired leases, edge counts).
+    Reconcile,
+    /// Measure Ratchet against the raw limit of its database, in one run
+    /// (scratch databases; `--db` is not touched). See BENCHMARKS.md.
+    Bench {
+        /// Every scenario at a small size, in seconds (what CI runs).
+        #[arg(long)]
+        smoke: bool,
+        /// Also measure on this PostgreSQL server, in scratch schemas that
+        /// are dropped afterwards.
+        #[arg(long, env = "RATCHET_BENCH_POSTGRES")]
+        postgres: Option<String>,
+        /// Runs of the chain pipeline (scenarios 2 and 5); by default as
+        /// many as the Wasm chain burns down in 10 s.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        runs: Option<u64>,
+        /// Stages per chain run.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        chain: Option<u64>,
+        /// Worker tasks, and clients for the raw limit.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=256))]
+        workers: Option<u64>,
+        /// Stages of the large fan-out (the small one is a tenth).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(10..=100_000))]
+        fanout: Option<u64>,
+        /// Print JSON keyed by backend instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Only scenario 6: the fan-out sizes Obelisk was measured at.
+        #[arg(long)]
+        peer: bool,
+        /// Runs of each size in scenario 6 (the median is reported).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        peer_runs: Option<u64>,
+    },
+    /// Pin a stage of a running run that has not started yet to another
+    /// registered version of its plugin.
+    Upgrade {
+        run: String,
+        #[arg(long)]
+        stage: String,
+        /// The exact version, e.g. 1.2.0.
+        #[arg(long)]
+        to: semver::Version,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Validate and register a component.
+    Add { file: PathBuf },
+    /// List registered plugins.
+    List,
+    /// Show a plugin's versions: manifest, digest, size, runs using it.
+    Show {
+        /// NAME or NAME@VERSION
+        plugin: String,
+    },
+    /// Stop new runs from resolving NAME@VERSION; pinned runs keep it.
+    Yank {
+        /// NAME@VERSION
+        plugin: String,
+    },
+}

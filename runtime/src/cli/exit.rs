@@ -1,0 +1,47 @@
+//! From an error to what the user sees: one line on stderr, and exit code
+//! 2 for bad input (theirs to fix), 1 for everything else.
+
+use crate::manifest::ManifestError;
+use crate::plugin::PluginError;
+use crate::registry::RegistryError;
+use crate::store::StoreError;
+
+/// An error in what the user gave us (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+pub(super) fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+pub(super) fn exit_code(e: &anyhow::Error) -> u8 {
+    let plugin_input = |p: &PluginError| {
+        matches!(
+            p,
+            PluginError::InvalidComponent(_)
+                | PluginError::WrongWorld(_)
+                | PluginError::Manifest(_)
+                | PluginError::NotAdmitted(_)
+        )
+    };
+    let store_input = |s: &StoreError| {
+        matches!(
+            s,
+            StoreError::UnsupportedUrl(_) | StoreError::VersionConflict { .. }
+        )
+    };
+    let bad_input = e.chain().any(|c| {
+        c.is::<BadInput>()
+            || c.is::<ManifestError>()
+            || c.downcast_ref::<StoreError>().is_some_and(store_input)
+            || c.downcast_ref::<PluginError>().is_some_and(plugin_input)
+            || match c.downcast_ref::<RegistryError>() {
+                Some(RegistryError::Manifest(_) | RegistryError::Refused(_)) => true,
+                Some(RegistryError::Plugin(p)) => plugin_input(p),
+                Some(RegistryError::Store(s)) => store_input(s),
+                None => false,
+            }
+    });
+    if bad_input { 2 } else { 1 }
+}

@@ -26,6 +26,9 @@ pub struct WorkerOptions {
     /// Longest wait between claims when nothing wakes the worker.
     pub poll: Duration,
     pub reconcile_every: Duration,
+    /// How often to ask the store whether its job queue needs a vacuum
+    /// ([`crate::store::Store::jobs_vacuum`]).
+    pub vacuum_every: Duration,
 }
 
 impl Default for WorkerOptions {
@@ -36,6 +39,7 @@ impl Default for WorkerOptions {
             until_idle: false,
             poll: Duration::from_millis(200),
             reconcile_every: Duration::from_secs(10),
+            vacuum_every: Duration::from_secs(1),
         }
     }
 }
@@ -123,6 +127,24 @@ pub async fn run(
             }
         })
     };
+    // In both modes: a large run's burn-down is where the dead row
+    // versions pile up (ADR 0019).
+    let vacuum = {
+        let (sched, every) = (sched.clone(), opts.vacuum_every);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match sched.store().jobs_vacuum().await {
+                    Ok(true) => tracing::debug!("vacuumed the job queue"),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!("cannot vacuum the job queue (retrying in a minute): {e}");
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
+                }
+            }
+        })
+    };
     let producer = Producer {
         sched,
         clock,
@@ -136,6 +158,7 @@ pub async fn run(
     };
     let produced = producer.run().await;
     renewer.abort();
+    vacuum.abort();
     if let Some(reconciler) = reconciler {
         reconciler.abort();
     }

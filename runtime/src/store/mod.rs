@@ -324,6 +324,12 @@ pub trait Store: Send + Sync + 'static {
     /// dead, out-of-step pending counts are recomputed from edges, finished
     /// runs get their final state.
     async fn reconcile(&self, now: i64) -> Result<ReconcileReport>;
+    /// Clears the job queue's dead row versions out of its indexes once
+    /// enough have piled up, where the database keeps them (PostgreSQL,
+    /// ADR 0019); returns whether it did. Workers call it every second.
+    async fn jobs_vacuum(&self) -> Result<bool> {
+        Ok(false)
+    }
 
     /// Everything the invariant audit reads of one run, in one snapshot.
     async fn audit_facts(&self, run_id: &str) -> Result<AuditFacts>;

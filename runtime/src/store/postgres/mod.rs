@@ -10,6 +10,7 @@ mod jobs;
 mod plugins;
 mod reconcile;
 mod runs;
+mod vacuum;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -111,6 +112,10 @@ super::impl_store!(PostgresStore {
     /// the same whatever its size (ADR 0010).
     fn write_concurrency(&self) -> usize {
         2
+    }
+
+    async fn jobs_vacuum(&self) -> Result<bool> {
+        vacuum::jobs(self).await
     }
 
     fn listen_ready(&self, wake: Arc<Notify>) -> Listening {

@@ -1,0 +1,30 @@
+//! Keeping the job queue's indexes clear of dead entries (ADR 0019).
+
+use super::*;
+
+/// A vacuum is due once `jobs` holds at least this many dead row versions,
+/// and at least a fifth as many as live ones (so a vacuum's cost, which
+/// grows with the table, stays a small share of the work that made them).
+const DUE_AT_DEAD: i64 = 10_000;
+
+/// Vacuums `jobs` when it is due, skipping it if another session holds the
+/// table (another worker vacuuming it). The counts are the statistics the
+/// server keeps, at most a second or so behind.
+pub(super) async fn jobs(store: &PostgresStore) -> Result<bool> {
+    let counts: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass",
+    )
+    .fetch_optional(&store.pool)
+    .await?;
+    let Some((live, dead)) = counts else {
+        return Ok(false);
+    };
+    if dead < DUE_AT_DEAD.max(live / 5) {
+        return Ok(false);
+    }
+    // The simple query protocol: VACUUM cannot run in a transaction block.
+    sqlx::raw_sql("VACUUM (SKIP_LOCKED) jobs")
+        .execute(&store.pool)
+        .await?;
+    Ok(true)
+}

@@ -122,7 +122,7 @@ async fn buffers_to_choose_one(pg: &PostgresStore, h: &Harness) -> i64 {
 /// run, so the test's own call meets the pile.
 ///
 /// Seen failing without the vacuum (`jobs_vacuum` answering "due" without
-/// running it): the claim read BUGGY buffers after it, as before it.
+/// running it): the claim read 105 buffers after it, as before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vacuumed_queue_chooses_a_job_without_walking_the_claimed_ones() {
     let _alone = ONE_AT_A_TIME.lock().await;

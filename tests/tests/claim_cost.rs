@@ -71,14 +71,7 @@ async fn choosing_a_job_on_postgres_reads_no_more_after_a_thousand_finished_stag
     assert_eq!(h.run_state(&waiting).await, "running");
 
     let pg = PostgresStore::open(&h.url).await.expect("open");
-    let claim = JobClaim {
-        worker: "explain".into(),
-        now: h.clock.now_ms(),
-        lease_ms: 60_000,
-        limit: 1,
-        only_job: None,
-    };
-    let plan = pg.explain_claim(&claim).await.expect("explain the claim");
+    let plan = explain_choosing_one(&pg, &h).await;
 
     // A plan cached while the tables were small, or a bitmap scan, reads
     // the dead entries; the store's connections allow neither.
@@ -100,8 +93,8 @@ async fn choosing_a_job_on_postgres_reads_no_more_after_a_thousand_finished_stag
     );
 }
 
-/// The buffers the claim's `chosen` part reads to take 1 job.
-async fn buffers_to_choose_one(pg: &PostgresStore, h: &Harness) -> i64 {
+/// The plan of a claim of 1 job, run and rolled back.
+async fn explain_choosing_one(pg: &PostgresStore, h: &Harness) -> Value {
     let claim = JobClaim {
         worker: "explain".into(),
         now: h.clock.now_ms(),
@@ -109,7 +102,12 @@ async fn buffers_to_choose_one(pg: &PostgresStore, h: &Harness) -> i64 {
         limit: 1,
         only_job: None,
     };
-    let plan = pg.explain_claim(&claim).await.expect("explain the claim");
+    pg.explain_claim(&claim).await.expect("explain the claim")
+}
+
+/// The buffers the claim's `chosen` part reads to take 1 job.
+async fn buffers_to_choose_one(pg: &PostgresStore, h: &Harness) -> i64 {
+    let plan = explain_choosing_one(pg, h).await;
     buffers(node(&plan, "CTE chosen").expect("the claim's `chosen` part"))
 }
 

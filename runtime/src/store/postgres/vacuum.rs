@@ -28,3 +28,25 @@ pub(super) async fn jobs(store: &PostgresStore) -> Result<bool> {
         .await?;
     Ok(true)
 }
+
+impl PostgresStore {
+    /// Has each of this store's open connections send its pending
+    /// statistics to the server now (`pg_stat_force_next_flush`; an idle
+    /// connection sends them within about ten seconds otherwise), so that
+    /// [`Store::jobs_vacuum`] sees all the work done through this store.
+    /// For tests and diagnostics.
+    pub async fn statistics_flush(&self) -> Result<()> {
+        let mut held = Vec::new();
+        for _ in 0..self.pool.size() {
+            held.push(self.pool.acquire().await?);
+        }
+        for conn in &mut held {
+            // Sent as the connection goes idle after this statement, before
+            // the server answers it.
+            sqlx::query("SELECT pg_stat_force_next_flush()")
+                .execute(&mut **conn)
+                .await?;
+        }
+        Ok(())
+    }
+}

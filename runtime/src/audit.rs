@@ -1,14 +1,19 @@
 //! Checks the three invariants over everything in the store, one run at a
-//! time (memory bounded by the largest run, time linear in the rows). An
+//! time and a page of a run's jobs at a time (memory bounded by a page
+//! whatever the size of a run, time linear in the rows). An
 //! empty report means: one artifact per identity, every consumed input
 //! canonical, no stage started before its predecessors committed, no
 //! continuation missing.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::store::{AuditFacts, JobRow, JobState, NewEdge, RUN_INPUT_STAGE, Store, StoreError};
+use crate::graph::outbox_dedup_key;
+use crate::store::{
+    ArtifactMeta, AuditVisitor, IncomingEdges, JobRow, JobState, RUN_INPUT_STAGE, RunAuditFacts,
+    RunRow, RunState, StageAuditPage, Store, StoreError,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Violation {
@@ -32,21 +37,13 @@ impl AuditReport {
     pub fn is_clean(&self) -> bool {
         self.violations.is_empty()
     }
-
-    fn add(&mut self, other: AuditReport) {
-        self.runs += other.runs;
-        self.jobs += other.jobs;
-        self.attempts += other.attempts;
-        self.artifacts += other.artifacts;
-        self.violations.extend(other.violations);
-    }
 }
 
 /// Runs read per page when walking every run.
 const RUNS_PER_PAGE: usize = 100;
 
-/// Audits one run (`Some`) or every run, one run's rows in memory at a
-/// time; `progress` is told the report so far after each run.
+/// Audits one run (`Some`) or every run, a page of one run's jobs in memory
+/// at a time; `progress` is told the report so far after each page.
 pub async fn audit_store(
     store: &dyn Store,
     run: Option<&str>,
@@ -54,16 +51,14 @@ pub async fn audit_store(
 ) -> Result<AuditReport, StoreError> {
     let mut report = AuditReport::default();
     if let Some(run) = run {
-        report.add(audit(&store.audit_facts(run).await?));
-        progress(&report);
+        audit_run(store, run, &mut report, progress).await?;
         return Ok(report);
     }
     let mut after: Option<String> = None;
     loop {
         let ids = store.run_ids(after.as_deref(), RUNS_PER_PAGE).await?;
         for id in &ids {
-            report.add(audit(&store.audit_facts(id).await?));
-            progress(&report);
+            audit_run(store, id, &mut report, progress).await?;
         }
         if ids.len() < RUNS_PER_PAGE {
             return Ok(report);
@@ -72,301 +67,133 @@ pub async fn audit_store(
     }
 }
 
+async fn audit_run(
+    store: &dyn Store,
+    run_id: &str,
+    report: &mut AuditReport,
+    progress: &mut (dyn FnMut(&AuditReport) + Send),
+) -> Result<(), StoreError> {
+    let mut audit = RunAudit {
+        report,
+        progress,
+        run: None,
+        retried: false,
+        unfinished: None,
+    };
+    store.audit_run(run_id, &mut audit).await?;
+    audit.finish();
+    Ok(())
+}
+
 const CANONICAL: &str = "canonical-artifact";
 const DEPENDENCY: &str = "durable-dependency";
 const CONTINUATION: &str = "atomic-continuation";
 
-/// Checks the rows of one run (or of several, read in one snapshot).
-pub fn audit(facts: &AuditFacts) -> AuditReport {
-    let mut v = Vec::new();
-    let mut push = |invariant, run_id: &str, stage: &str, detail: String| {
-        v.push(Violation {
+/// The checks of one run, fed by [`Store::audit_run`]: rows that belong
+/// together (a stage's job, attempts, artifacts, bindings, outbox rows and
+/// counted incoming edges) arrive in one page; what spans the run (its
+/// state against its stages') is carried from page to page.
+struct RunAudit<'a> {
+    report: &'a mut AuditReport,
+    progress: &'a mut (dyn FnMut(&AuditReport) + Send),
+    run: Option<RunRow>,
+    /// Whether an operator retried the run (a failed run may start work
+    /// again after that).
+    retried: bool,
+    /// The first stage of the run that has not succeeded, and its state.
+    unfinished: Option<(String, JobState)>,
+}
+
+impl RunAudit<'_> {
+    fn push(&mut self, invariant: &'static str, stage: &str, detail: String) {
+        let run_id = self.run.as_ref().map_or("", |r| r.id.as_str());
+        self.report.violations.push(Violation {
             invariant,
             run_id: run_id.to_string(),
             stage: stage.to_string(),
             detail,
-        })
-    };
+        });
+    }
 
-    let mut artifacts: HashMap<(&str, &str, &str), &str> = HashMap::new();
-    for a in &facts.artifacts {
-        let key = (a.run_id.as_str(), a.stage.as_str(), a.output.as_str());
-        if artifacts.insert(key, a.digest.as_str()).is_some() {
-            push(
-                CANONICAL,
-                &a.run_id,
-                &a.stage,
-                format!("output `{}` stored more than once", a.output),
-            );
+    /// An artifact stored by `attempt`, where `winner` is the attempt that
+    /// succeeded, if any.
+    fn check_writer(&mut self, a: &ArtifactMeta, winner: Option<i64>) {
+        if a.stage == RUN_INPUT_STAGE || winner == Some(a.attempt) {
+            return;
         }
-    }
-    let jobs: HashMap<(&str, &str), &JobRow> = facts
-        .jobs
-        .iter()
-        .map(|j| ((j.run_id.as_str(), j.stage.as_str()), j))
-        .collect();
-    // (run, stage) -> [(input, from stage, from output)]
-    type Bindings<'a> = HashMap<(&'a str, &'a str), Vec<(&'a str, &'a str, &'a str)>>;
-    let mut bindings: Bindings<'_> = HashMap::new();
-    for (run, b) in &facts.inputs {
-        bindings
-            .entry((run.as_str(), b.stage.as_str()))
-            .or_default()
-            .push((
-                b.input.as_str(),
-                b.from_stage.as_str(),
-                b.from_output.as_str(),
-            ));
-    }
-
-    for a in &facts.digest_mismatches {
-        push(
-            CANONICAL,
-            &a.run_id,
-            &a.stage,
-            format!(
-                "the stored bytes of `{}` no longer hash to its recorded digest {}",
-                a.output, a.digest
-            ),
+        let winner = winner.map_or("the stage has no succeeding attempt".to_string(), |w| {
+            format!("attempt {w} succeeded")
+        });
+        let detail = format!(
+            "`{}` was stored by attempt {}, but {winner}",
+            a.output, a.attempt
         );
+        self.push(CANONICAL, &a.stage, detail);
     }
 
-    // (run, stage) -> its incoming edges
-    let mut edges_into: HashMap<(&str, &str), Vec<&NewEdge>> = HashMap::new();
-    for (run, edge, _) in &facts.edges {
-        edges_into
-            .entry((run.as_str(), edge.to_stage.as_str()))
-            .or_default()
-            .push(edge);
-    }
-    // job id -> the attempt numbers that record success
-    let mut successes: HashMap<i64, Vec<i64>> = HashMap::new();
-    for a in &facts.attempts {
-        if a.outcome == "succeeded" {
-            successes.entry(a.job_id).or_default().push(a.attempt);
-        }
-        for (output, digest) in a.canonical_digests.iter().flatten() {
-            let stored = artifacts.get(&(a.run_id.as_str(), a.stage.as_str(), output.as_str()));
-            if stored != Some(&digest.as_str()) {
-                push(
-                    CANONICAL,
-                    &a.run_id,
-                    &a.stage,
-                    format!(
-                        "attempt {} reported canonical `{output}` {digest}, but the store holds {stored:?}",
-                        a.attempt
-                    ),
-                );
-            }
-        }
-        let bound = bindings.get(&(a.run_id.as_str(), a.stage.as_str()));
-        for (input, digest) in a.input_digests.iter().flatten() {
-            let source = bound.and_then(|b| b.iter().find(|(i, _, _)| i == input));
-            let canonical =
-                source.and_then(|(_, s, o)| artifacts.get(&(a.run_id.as_str(), *s, *o)));
-            if canonical != Some(&digest.as_str()) {
-                push(
-                    CANONICAL,
-                    &a.run_id,
-                    &a.stage,
-                    format!(
-                        "attempt {} consumed input `{input}` with digest {digest}, but the canonical artifact is {canonical:?}",
-                        a.attempt
-                    ),
-                );
-            }
-        }
-        let incoming = edges_into
-            .get(&(a.run_id.as_str(), a.stage.as_str()))
-            .map_or(&[][..], Vec::as_slice);
-        // A PostgreSQL claim counts the satisfied edges it sees; only that
-        // proves each predecessor committed first (ADR 0018).
-        if let Some(seen) = a.deps_seen.filter(|&seen| seen != incoming.len() as i64) {
-            push(
-                DEPENDENCY,
-                &a.run_id,
-                &a.stage,
-                format!(
-                    "attempt {} was claimed when {seen} of its {} dependencies had committed",
-                    a.attempt,
-                    incoming.len()
-                ),
-            );
-        }
-        for edge in incoming {
-            let pred = jobs.get(&(a.run_id.as_str(), edge.from_stage.as_str()));
-            match pred.and_then(|p| p.succeeded_seq) {
-                Some(seq) if seq < a.claim_seq => {}
-                other => push(
-                    DEPENDENCY,
-                    &a.run_id,
-                    &a.stage,
-                    format!(
-                        "attempt {} started (seq {}) before `{}` succeeded ({})",
-                        a.attempt,
-                        a.claim_seq,
-                        edge.from_stage,
-                        other.map_or("never".to_string(), |s| format!("seq {s}"))
-                    ),
-                ),
-            }
-        }
-    }
-
-    let mut unsatisfied: BTreeMap<(&str, &str), i64> = BTreeMap::new();
-    for (run, edge, satisfied) in &facts.edges {
-        let from = jobs.get(&(run.as_str(), edge.from_stage.as_str()));
-        let from_succeeded = from.is_some_and(|j| j.state == JobState::Succeeded);
-        if from_succeeded && !satisfied {
-            push(
-                CONTINUATION,
-                run,
-                &edge.from_stage,
-                format!(
-                    "succeeded, but its edge to `{}` was never satisfied",
-                    edge.to_stage
-                ),
-            );
-        }
-        if !satisfied {
-            *unsatisfied
-                .entry((run.as_str(), edge.to_stage.as_str()))
-                .or_default() += 1;
-        }
-    }
-    let outbox: HashSet<&str> = facts.outbox.iter().map(|o| o.dedup_key.as_str()).collect();
-    for row in &facts.outbox {
-        // A row naming no job (a run's own event) is checked by its run.
-        let job = jobs.get(&(row.run_id.as_str(), row.stage.as_str()));
-        if let Some(job) = job.filter(|j| j.state != JobState::Succeeded) {
-            push(
-                CONTINUATION,
-                &row.run_id,
-                &row.stage,
-                format!(
-                    "outbox event `{}` was written, but the stage is {}",
-                    row.event,
-                    job.state.as_str()
-                ),
-            );
-        }
-    }
-    // the first stage of each run that has not succeeded
-    let mut unfinished: HashMap<&str, &JobRow> = HashMap::new();
-    // (run, stage) -> the attempt that succeeded
-    let mut winners: HashMap<(&str, &str), i64> = HashMap::new();
-    for job in &facts.jobs {
-        let (run, stage) = (job.run_id.as_str(), job.stage.as_str());
-        if job.state != JobState::Succeeded {
-            unfinished.entry(run).or_insert(job);
-        }
-        if job.state == JobState::Succeeded {
-            match successes.get(&job.id).map(Vec::as_slice) {
-                Some([winner]) if *winner == job.attempt => {
-                    winners.insert((run, stage), *winner);
-                }
-                Some([winner]) => push(
-                    CONTINUATION,
-                    run,
-                    stage,
-                    format!(
-                        "succeeded by attempt {winner}, but its last attempt is {}",
-                        job.attempt
-                    ),
-                ),
-                n => push(
-                    CONTINUATION,
-                    run,
-                    stage,
-                    format!(
-                        "succeeded, but {} attempts record success",
-                        n.map_or(0, <[i64]>::len)
-                    ),
-                ),
-            }
-            for output in &job.outputs {
-                if !artifacts.contains_key(&(run, stage, output.as_str())) {
-                    push(
-                        CANONICAL,
-                        run,
-                        stage,
-                        format!("succeeded without its output `{output}`"),
-                    );
-                }
-            }
-            for event in &job.emits {
-                if !outbox.contains(format!("{run}/{stage}/{event}").as_str()) {
-                    push(
-                        CONTINUATION,
-                        run,
-                        stage,
-                        format!("succeeded, but its `{event}` outbox row is missing"),
-                    );
-                }
-            }
-        }
-        let open = unsatisfied.get(&(run, stage)).copied().unwrap_or(0);
-        if matches!(job.state, JobState::Ready | JobState::Running) && open > 0 {
-            push(
-                DEPENDENCY,
-                run,
-                stage,
-                format!(
-                    "{}, but {open} incoming edges are unsatisfied",
-                    job.state.as_str()
-                ),
-            );
-        }
-        if job.state == JobState::Blocked && (open == 0 || job.pending != open) {
-            push(
-                CONTINUATION,
-                run,
-                stage,
-                format!(
-                    "blocked with pending = {}, but {open} incoming edges are unsatisfied",
-                    job.pending
-                ),
-            );
-        }
-    }
-    for a in &facts.artifacts {
-        let key = (a.run_id.as_str(), a.stage.as_str());
-        if a.stage == RUN_INPUT_STAGE {
-            continue;
-        }
-        match winners.get(&key) {
-            Some(&winner) if winner == a.attempt => {}
-            winner => push(
-                CANONICAL,
-                &a.run_id,
-                &a.stage,
-                format!(
-                    "`{}` was stored by attempt {}, but {}",
-                    a.output,
-                    a.attempt,
-                    winner.map_or("the stage has no succeeding attempt".to_string(), |w| {
-                        format!("attempt {w} succeeded")
-                    })
-                ),
-            ),
-        }
-    }
-    for run in &facts.runs {
-        // A failed run starts nothing new, unless an operator retried it.
-        let retried = facts
-            .events
+    /// Attempts of the page against what they consumed and produced, and
+    /// against the run's failure.
+    fn check_attempts(
+        &mut self,
+        page: &StageAuditPage,
+        artifacts: &HashMap<(&str, &str), &str>,
+        incoming: &HashMap<&str, &IncomingEdges>,
+    ) {
+        // (stage, input) -> the digest of the artifact the binding names
+        let bindings: HashMap<(&str, &str), Option<&str>> = page
+            .inputs
             .iter()
-            .any(|e| e.run_id == run.id && e.kind == "retry");
-        if let Some(failed_seq) = run.failed_seq.filter(|_| !retried) {
-            for a in facts
-                .attempts
-                .iter()
-                .filter(|a| a.run_id == run.id && a.claim_seq > failed_seq)
-            {
-                push(
+            .map(|(b, digest)| ((b.stage.as_str(), b.input.as_str()), digest.as_deref()))
+            .collect();
+        let failed_seq = (!self.retried)
+            .then(|| self.run.as_ref().and_then(|r| r.failed_seq))
+            .flatten();
+        for a in &page.attempts {
+            let stage = a.stage.as_str();
+            for (output, digest) in a.canonical_digests.iter().flatten() {
+                let stored = artifacts.get(&(stage, output.as_str()));
+                if stored != Some(&digest.as_str()) {
+                    self.push(
+                        CANONICAL,
+                        stage,
+                        format!(
+                            "attempt {} reported canonical `{output}` {digest}, but the store holds {stored:?}",
+                            a.attempt
+                        ),
+                    );
+                }
+            }
+            for (input, digest) in a.input_digests.iter().flatten() {
+                let canonical = bindings.get(&(stage, input.as_str())).copied().flatten();
+                if canonical != Some(digest.as_str()) {
+                    self.push(
+                        CANONICAL,
+                        stage,
+                        format!(
+                            "attempt {} consumed input `{input}` with digest {digest}, but the canonical artifact is {canonical:?}",
+                            a.attempt
+                        ),
+                    );
+                }
+            }
+            // A PostgreSQL claim counts the satisfied edges it sees; only
+            // that proves each predecessor committed first (ADR 0018).
+            let total = incoming.get(stage).map_or(0, |i| i.total);
+            if let Some(seen) = a.deps_seen.filter(|&seen| seen != total) {
+                self.push(
+                    DEPENDENCY,
+                    stage,
+                    format!(
+                        "attempt {} was claimed when {seen} of its {total} dependencies had committed",
+                        a.attempt
+                    ),
+                );
+            }
+            // A failed run starts nothing new, unless an operator retried it.
+            if let Some(failed_seq) = failed_seq.filter(|&f| a.claim_seq > f) {
+                self.push(
                     CONTINUATION,
-                    &run.id,
-                    &a.stage,
+                    stage,
                     format!(
                         "attempt {} started (seq {}) after the run failed (seq {failed_seq})",
                         a.attempt, a.claim_seq
@@ -374,31 +201,206 @@ pub fn audit(facts: &AuditFacts) -> AuditReport {
                 );
             }
         }
-        match (unfinished.get(run.id.as_str()), run.state.as_str()) {
-            (None, "succeeded") | (Some(_), "running" | "failed") => {}
-            (None, state) => push(
-                CONTINUATION,
-                &run.id,
-                "-",
-                format!("every stage succeeded, but the run is `{state}`"),
-            ),
-            (Some(job), state) => push(
-                CONTINUATION,
-                &run.id,
-                &job.stage,
+        for e in &page.early_starts {
+            let when = e
+                .from_succeeded_seq
+                .map_or("never".to_string(), |s| format!("seq {s}"));
+            self.push(
+                DEPENDENCY,
+                &e.stage,
                 format!(
-                    "the run is `{state}`, but this stage is {}",
-                    job.state.as_str()
+                    "attempt {} started (seq {}) before `{}` succeeded ({when})",
+                    e.attempt, e.claim_seq, e.from_stage
                 ),
-            ),
+            );
         }
     }
 
-    AuditReport {
-        runs: facts.runs.len(),
-        jobs: facts.jobs.len(),
-        attempts: facts.attempts.len(),
-        artifacts: facts.artifacts.len(),
-        violations: v,
+    /// Each job of the page against its attempts, outputs, outbox rows and
+    /// incoming edges.
+    fn check_jobs(
+        &mut self,
+        page: &StageAuditPage,
+        artifacts: &HashMap<(&str, &str), &str>,
+        incoming: &HashMap<&str, &IncomingEdges>,
+    ) -> HashMap<String, i64> {
+        // job id -> the attempt numbers that record success
+        let mut successes: HashMap<i64, Vec<i64>> = HashMap::new();
+        for a in page.attempts.iter().filter(|a| a.outcome == "succeeded") {
+            successes.entry(a.job_id).or_default().push(a.attempt);
+        }
+        let outbox: HashSet<&str> = page.outbox.iter().map(|o| o.dedup_key.as_str()).collect();
+        // stage -> the attempt that succeeded
+        let mut winners = HashMap::new();
+        for job in &page.jobs {
+            let (run, stage) = (job.run_id.as_str(), job.stage.as_str());
+            if job.state != JobState::Succeeded && self.unfinished.is_none() {
+                self.unfinished = Some((job.stage.clone(), job.state));
+            }
+            if job.state == JobState::Succeeded {
+                match successes.get(&job.id).map(Vec::as_slice) {
+                    Some([winner]) if *winner == job.attempt => {
+                        winners.insert(job.stage.clone(), *winner);
+                    }
+                    Some([winner]) => self.push(
+                        CONTINUATION,
+                        stage,
+                        format!(
+                            "succeeded by attempt {winner}, but its last attempt is {}",
+                            job.attempt
+                        ),
+                    ),
+                    n => self.push(
+                        CONTINUATION,
+                        stage,
+                        format!(
+                            "succeeded, but {} attempts record success",
+                            n.map_or(0, <[i64]>::len)
+                        ),
+                    ),
+                }
+                for output in &job.outputs {
+                    if !artifacts.contains_key(&(stage, output.as_str())) {
+                        self.push(
+                            CANONICAL,
+                            stage,
+                            format!("succeeded without its output `{output}`"),
+                        );
+                    }
+                }
+                for event in &job.emits {
+                    if !outbox.contains(outbox_dedup_key(run, stage, event).as_str()) {
+                        self.push(
+                            CONTINUATION,
+                            stage,
+                            format!("succeeded, but its `{event}` outbox row is missing"),
+                        );
+                    }
+                }
+            }
+            let open = incoming.get(stage).map_or(0, |i| i.unsatisfied);
+            if matches!(job.state, JobState::Ready | JobState::Running) && open > 0 {
+                self.push(
+                    DEPENDENCY,
+                    stage,
+                    format!(
+                        "{}, but {open} incoming edges are unsatisfied",
+                        job.state.as_str()
+                    ),
+                );
+            }
+            if job.state == JobState::Blocked && (open == 0 || job.pending != open) {
+                self.push(
+                    CONTINUATION,
+                    stage,
+                    format!(
+                        "blocked with pending = {}, but {open} incoming edges are unsatisfied",
+                        job.pending
+                    ),
+                );
+            }
+        }
+        let jobs: HashMap<&str, &JobRow> =
+            page.jobs.iter().map(|j| (j.stage.as_str(), j)).collect();
+        for row in &page.outbox {
+            // A row naming no job (a run's own event) is checked by its run.
+            if let Some(job) = jobs
+                .get(row.stage.as_str())
+                .filter(|j| j.state != JobState::Succeeded)
+            {
+                self.push(
+                    CONTINUATION,
+                    &row.stage,
+                    format!(
+                        "outbox event `{}` was written, but the stage is {}",
+                        row.event,
+                        job.state.as_str()
+                    ),
+                );
+            }
+        }
+        winners
+    }
+
+    /// The run's state against its stages', once every page was seen.
+    fn finish(mut self) {
+        let Some(state) = self.run.as_ref().map(|r| r.state) else {
+            return;
+        };
+        match (self.unfinished.take(), state) {
+            (None, RunState::Succeeded) | (Some(_), RunState::Running | RunState::Failed) => {}
+            (None, state) => self.push(
+                CONTINUATION,
+                "-",
+                format!("every stage succeeded, but the run is `{state}`"),
+            ),
+            (Some((stage, job_state)), state) => self.push(
+                CONTINUATION,
+                &stage,
+                format!(
+                    "the run is `{state}`, but this stage is {}",
+                    job_state.as_str()
+                ),
+            ),
+        }
+        (self.progress)(self.report);
+    }
+}
+
+impl AuditVisitor for RunAudit<'_> {
+    fn run(&mut self, facts: RunAuditFacts) {
+        self.retried = facts.events.iter().any(|e| e.kind == "retry");
+        self.run = Some(facts.run);
+        self.report.runs += 1;
+        for a in &facts.digest_mismatches {
+            let detail = format!(
+                "the stored bytes of `{}` no longer hash to its recorded digest {}",
+                a.output, a.digest
+            );
+            self.push(CANONICAL, &a.stage, detail);
+        }
+        for a in &facts.orphan_artifacts {
+            self.check_writer(a, None);
+        }
+    }
+
+    fn stages(&mut self, page: StageAuditPage) {
+        let mut artifacts: HashMap<(&str, &str), &str> = HashMap::new();
+        for a in &page.artifacts {
+            if artifacts
+                .insert((a.stage.as_str(), a.output.as_str()), a.digest.as_str())
+                .is_some()
+            {
+                self.push(
+                    CANONICAL,
+                    &a.stage,
+                    format!("output `{}` stored more than once", a.output),
+                );
+            }
+        }
+        let incoming: HashMap<&str, &IncomingEdges> = page
+            .incoming
+            .iter()
+            .map(|i| (i.stage.as_str(), i))
+            .collect();
+        self.check_attempts(&page, &artifacts, &incoming);
+        let winners = self.check_jobs(&page, &artifacts, &incoming);
+        for a in &page.artifacts {
+            self.check_writer(a, winners.get(&a.stage).copied());
+        }
+        for edge in &page.lost_edges {
+            self.push(
+                CONTINUATION,
+                &edge.from_stage,
+                format!(
+                    "succeeded, but its edge to `{}` was never satisfied",
+                    edge.to_stage
+                ),
+            );
+        }
+        self.report.jobs += page.jobs.len();
+        self.report.attempts += page.attempts.len();
+        self.report.artifacts += page.artifacts.len();
+        (self.progress)(self.report);
     }
 }

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod clock;
 pub mod crash;
 pub mod digest;
+pub mod graph;
 pub mod manifest;
 pub mod model;
 pub mod plugin;

@@ -9,7 +9,8 @@ use crate::manifest::{ManifestError, Pipeline, PluginManifest, PluginResolver, R
 use crate::plugin::{PluginError, PluginHost};
 use crate::store::{
     JobRepin, JobState, NewJob, PluginPut, PluginPutOutcome, PluginSummary, PluginVersion,
-    RepinOutcome, RunSubmit, RunSubmitOutcome, Store, StoreError,
+    RepinOutcome, RunState, RunSubmit, RunSubmitOutcome, Store, StoreError, VersionKeyRange,
+    version_key,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -72,26 +73,38 @@ pub struct RegistrySnapshot {
 }
 
 impl RegistrySnapshot {
-    /// What resolving `pipeline`'s plugins needs, and no more: the versions
-    /// of the plugins it names, and the manifests of the ones it will
-    /// choose. Its cost does not grow with the other registered plugins,
-    /// nor with the versions of its own it does not choose.
+    /// What resolving `pipeline`'s plugins needs, and no more: for each
+    /// requirement the version it chooses, found by walking the plugin's
+    /// versions in its range from the highest down (every version of the
+    /// plugin only when none matches, for the error); then the manifests
+    /// of the chosen ones. Its cost grows neither with the other
+    /// registered plugins nor with the versions of its own.
     pub async fn load_for(store: &dyn Store, pipeline: &Pipeline) -> Result<Self, RegistryError> {
-        let refs = pipeline.plugin_refs();
-        let names: Vec<String> = refs.iter().map(|(name, _)| name.clone()).collect();
-        let mut snapshot = Self {
-            versions: store.plugin_versions_of(&names).await?,
-            manifests: HashMap::new(),
-        };
-        let chosen: Vec<String> = refs
-            .iter()
-            .filter_map(|(name, req)| Some(snapshot.best(name, req)?.digest.clone()))
-            .collect();
+        let mut snapshot = Self::default();
+        let mut unmatched = Vec::new();
+        for (name, req) in pipeline.plugin_refs() {
+            match best_version(store, &name, &req).await? {
+                Some(best) => snapshot.versions.push(best),
+                None => unmatched.push(name),
+            }
+        }
+        if !unmatched.is_empty() {
+            snapshot
+                .versions
+                .extend(store.plugin_versions_of(&unmatched).await?);
+        }
+        let chosen: Vec<String> = snapshot.versions.iter().map(|v| v.digest.clone()).collect();
         for (digest, text) in store.plugin_manifests(&chosen).await? {
             let manifest = PluginManifest::parse(&format!("stored manifest of {digest}"), &text)?;
             snapshot.manifests.insert(digest, manifest);
         }
         Ok(snapshot)
+    }
+
+    /// The versions this snapshot read: the one each requirement chose (and
+    /// every version of a plugin none of whose versions matched).
+    pub fn versions(&self) -> &[PluginVersion] {
+        &self.versions
     }
 
     /// A snapshot from manifests alone (digests made up from name@version),
@@ -117,6 +130,42 @@ impl RegistrySnapshot {
             .iter()
             .filter(|v| v.name == name && !v.yanked && req.matches(&v.version))
             .max_by(|a, b| a.version.cmp(&b.version))
+    }
+}
+
+/// The highest non-yanked version of `name` that `req` matches, read a
+/// page of candidates at a time. Candidates come in [`version_key`] order,
+/// which is semver's except among the pre-releases of one version (they
+/// share a key): once one matches, the walk ends at the next key.
+pub async fn best_version(
+    store: &dyn Store,
+    name: &str,
+    req: &semver::VersionReq,
+) -> Result<Option<PluginVersion>, RegistryError> {
+    const PAGE: i64 = 16;
+    let range = VersionKeyRange::of(req);
+    let mut best: Option<(String, PluginVersion)> = None;
+    let mut offset = 0;
+    loop {
+        let page = store.plugin_candidates(name, &range, offset, PAGE).await?;
+        for candidate in &page {
+            let key = version_key(&candidate.version);
+            if let Some((best_key, best)) = &best {
+                if *best_key != key {
+                    return Ok(Some(best.clone()));
+                }
+                if candidate.version <= best.version {
+                    continue;
+                }
+            }
+            if req.matches(&candidate.version) {
+                best = Some((key, candidate.clone()));
+            }
+        }
+        if (page.len() as i64) < PAGE {
+            return Ok(best.map(|(_, best)| best));
+        }
+        offset += PAGE;
     }
 }
 
@@ -251,7 +300,7 @@ pub async fn stage_upgrade(
     // with the journal and the new version's `after`; checking here first
     // gives the most precise refusal.
     let run = store.run_get(run_id).await?;
-    if let Some(run) = run.filter(|r| r.state != "running") {
+    if let Some(run) = run.filter(|r| r.state != RunState::Running) {
         return refused(format!(
             "run `{run_id}` is {}; only running runs can be upgraded",
             run.state

@@ -14,7 +14,11 @@ use tokio::task::JoinSet;
 
 use crate::clock::Clock;
 use crate::scheduler::{AttemptOutcome, Scheduler};
-use crate::store::{ClaimedJob, JobState, StoreError};
+use crate::store::{ClaimedJob, JobState, JobsVacuum, StoreError};
+
+/// How long a worker waits before asking for a vacuum again after one
+/// failed or was not permitted.
+const VACUUM_BACKOFF: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub struct WorkerOptions {
@@ -132,14 +136,22 @@ pub async fn run(
     let vacuum = {
         let (sched, every) = (sched.clone(), opts.vacuum_every);
         tokio::spawn(async move {
+            let mut refusal_told = false;
             loop {
                 tokio::time::sleep(every).await;
                 match sched.store().jobs_vacuum().await {
-                    Ok(true) => tracing::debug!("vacuumed the job queue"),
-                    Ok(false) => {}
+                    Ok(JobsVacuum::Vacuumed) => tracing::debug!("vacuumed the job queue"),
+                    Ok(JobsVacuum::NotDue) => {}
+                    // Told once; asked again a minute later (a grant may come).
+                    Ok(JobsVacuum::NotPermitted(why)) => {
+                        if !std::mem::replace(&mut refusal_told, true) {
+                            tracing::warn!("not vacuuming the job queue: {why}");
+                        }
+                        tokio::time::sleep(VACUUM_BACKOFF).await;
+                    }
                     Err(e) => {
                         tracing::warn!("cannot vacuum the job queue (retrying in a minute): {e}");
-                        tokio::time::sleep(Duration::from_secs(60)).await;
+                        tokio::time::sleep(VACUUM_BACKOFF).await;
                     }
                 }
             }

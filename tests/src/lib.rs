@@ -17,7 +17,7 @@ use ratchet_runtime::model::{ModelBackend, StochasticModel};
 use ratchet_runtime::plugin::{HostConfig, PluginHost};
 use ratchet_runtime::registry;
 use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
-use ratchet_runtime::store::{self, JobState, PluginPut, Store};
+use ratchet_runtime::store::{self, JobState, PluginPut, RunState, Store};
 use ratchet_runtime::worker::{self, WorkerOptions};
 use serde_json::Value;
 
@@ -283,6 +283,7 @@ impl Harness {
             .expect("read run")
             .expect("run exists")
             .state
+            .to_string()
     }
 
     pub async fn audit(&self) -> AuditReport {
@@ -311,7 +312,11 @@ impl Harness {
             .await
             .expect("run")
             .expect("run exists");
-        assert_eq!(run_row.state, "succeeded", "run {run} did not succeed");
+        assert_eq!(
+            run_row.state,
+            RunState::Succeeded,
+            "run {run} did not succeed"
+        );
         let jobs = self.store.job_list(run).await.expect("jobs");
         assert_eq!(jobs.len(), 4);
         let attempts = self.store.attempt_list(run).await.expect("attempts");

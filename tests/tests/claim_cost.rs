@@ -14,7 +14,7 @@ use std::time::Duration;
 use ratchet_runtime::bench::fanout_pipeline;
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
-use ratchet_runtime::store::{JobClaim, PostgresStore, SqliteStore, Store};
+use ratchet_runtime::store::{JobClaim, JobsVacuum, PostgresStore, SqliteStore, Store};
 use ratchet_runtime::worker::{self, WorkerOptions};
 use ratchet_tests::{BOUND, Backend, Harness};
 use serde_json::Value;
@@ -157,8 +157,9 @@ async fn a_vacuumed_queue_chooses_a_job_without_walking_the_claimed_ones() {
     let before = buffers_to_choose_one(&pg, &h).await;
 
     pg.statistics_flush().await.expect("flush the statistics");
-    assert!(
+    assert_eq!(
         pg.jobs_vacuum().await.expect("vacuum"),
+        JobsVacuum::Vacuumed,
         "20,000 claimed stages did not make a vacuum due"
     );
     let after = buffers_to_choose_one(&pg, &h).await;
@@ -196,5 +197,63 @@ async fn fencing_a_batch_on_sqlite_looks_up_its_jobs_instead_of_walking_the_runn
         plan.iter()
             .any(|step| step == "SEARCH j USING INTEGER PRIMARY KEY (rowid=?)"),
         "the fence does not look jobs up by id: {plan:?}"
+    );
+}
+
+/// A role that does not own `jobs` may not vacuum it: PostgreSQL skips the
+/// table with a warning and reports success, so a worker used to say it
+/// vacuumed, and the server warned again every second while the dead rows
+/// stayed many. The store must say the vacuum is not permitted (the
+/// worker then tells the operator once and asks again a minute later).
+///
+/// Seen failing before the permission check: `jobs_vacuum` answered that
+/// it vacuumed, and the dead row versions were all still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_does_not_own_the_queue_is_told_it_may_not_vacuum_it() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(h) = Harness::on(Backend::Postgres, Arc::new(SystemClock)).await else {
+        return;
+    };
+    h.register(&["pass", "noop"]).await;
+    h.submit(&fanout_pipeline(10_000), b"dead rows").await;
+    let schema = h
+        .url
+        .split("search_path%3D")
+        .nth(1)
+        .and_then(|rest| rest.split('&').next())
+        .expect("the harness's schema");
+    // Every job row updated once: 10,002 dead row versions, flushed to the
+    // server's statistics as the connection goes idle.
+    h.raw_sql(&format!(
+        "DO $$ BEGIN CREATE ROLE ratchet_not_owner LOGIN;
+               EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+         GRANT USAGE, CREATE ON SCHEMA {schema} TO ratchet_not_owner;
+         GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO ratchet_not_owner;
+         GRANT ALL ON ALL SEQUENCES IN SCHEMA {schema} TO ratchet_not_owner;
+         UPDATE jobs SET next_run_at = next_run_at;
+         SELECT pg_stat_force_next_flush();"
+    ))
+    .await;
+    let url = h.url.replacen("://postgres@", "://ratchet_not_owner@", 1);
+    assert_ne!(url, h.url, "the test server's user is `postgres`");
+    let guest = PostgresStore::open(&url)
+        .await
+        .expect("open as another role");
+    match guest.jobs_vacuum().await.expect("ask for a vacuum") {
+        JobsVacuum::NotPermitted(why) => {
+            assert!(
+                why.contains("ratchet_not_owner") && why.contains("does not own"),
+                "{why}"
+            );
+        }
+        other => panic!("a role that does not own `jobs` was answered {other:?}"),
+    }
+    // The owner may.
+    let owner = PostgresStore::open(&h.url)
+        .await
+        .expect("open as the owner");
+    assert_eq!(
+        owner.jobs_vacuum().await.expect("vacuum"),
+        JobsVacuum::Vacuumed
     );
 }

@@ -137,7 +137,15 @@ async fn a_run_in_flight_across_migration_7_finishes_when_its_last_job_succeeds(
         .expect("complete b");
     let state = |store: &SqliteStore| {
         let store = store.clone();
-        async move { store.run_get("r").await.expect("run").expect("r").state }
+        async move {
+            store
+                .run_get("r")
+                .await
+                .expect("run")
+                .expect("r")
+                .state
+                .to_string()
+        }
     };
     assert_eq!(state(&store).await, "running", "c is still to run");
     let jobs = store.job_claim(claim(1)).await.expect("claim c");

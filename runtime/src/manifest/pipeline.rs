@@ -8,7 +8,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{ManifestError, PluginManifest, Source, check_name};
-use crate::store::{EdgeKind, InputBinding, NewEdge, RUN_INPUT_OUTPUT, RUN_INPUT_STAGE};
+use crate::graph::{EdgeKind, InputBinding, NewEdge, RUN_INPUT_OUTPUT, RUN_INPUT_STAGE};
 
 /// The binding that names the run's submitted input.
 pub const RUN_INPUT_REF: &str = "$input";
@@ -183,7 +183,11 @@ impl Pipeline {
                 }
                 let (from_stage, from_output) = self.resolve_source(&src, me, source, &resolved)?;
                 if from_stage != RUN_INPUT_STAGE {
-                    edges.insert((from_stage.clone(), me.clone(), EdgeKind::Data.as_str()));
+                    edges.insert(NewEdge {
+                        from_stage: from_stage.clone(),
+                        to_stage: me.clone(),
+                        kind: EdgeKind::Data,
+                    });
                 }
                 inputs.push(InputBinding {
                     stage: me.clone(),
@@ -217,21 +221,14 @@ impl Pipeline {
                 if dep == me {
                     return Err(src.at(at, format!("stage `{me}` cannot run after itself")));
                 }
-                edges.insert((dep.to_string(), me.clone(), EdgeKind::After.as_str()));
+                edges.insert(NewEdge {
+                    from_stage: dep.to_string(),
+                    to_stage: me.clone(),
+                    kind: EdgeKind::After,
+                });
             }
         }
-        let edges: Vec<NewEdge> = edges
-            .into_iter()
-            .map(|(from_stage, to_stage, kind)| NewEdge {
-                from_stage,
-                to_stage,
-                kind: if kind == "after" {
-                    EdgeKind::After
-                } else {
-                    EdgeKind::Data
-                },
-            })
-            .collect();
+        let edges: Vec<NewEdge> = edges.into_iter().collect();
         self.check_acyclic(&src, &edges)?;
 
         let default_attempts = self.raw.max_attempts.as_ref().map(|a| *a.get_ref());

@@ -101,7 +101,7 @@ impl Default for Policy {
 }
 
 impl Policy {
-    /// Parses a policy file (see README, "Operator policy").
+    /// Parses a policy file (see docs/configuration.md, "Operator policy").
     pub fn parse(file: &str, text: &str) -> Result<Self, ManifestError> {
         let raw: RawPolicy = Source { file, text }.parse()?;
         Ok(Self {

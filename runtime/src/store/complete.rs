@@ -147,13 +147,13 @@ pub(crate) fn puts_of_fenced<'a>(
 
 /// A batch's attempts in job id order (positions in the batch), their
 /// fence keys and their proposals: what the fence and the insert take.
-pub(crate) struct Plan<'a> {
+pub(crate) struct BatchOrder<'a> {
     pub order: Vec<usize>,
     pub keys: Vec<AttemptKey<'a>>,
     pub proposals: Vec<Proposal<'a>>,
 }
 
-impl<'a> Plan<'a> {
+impl<'a> BatchOrder<'a> {
     pub(crate) fn of(batch: &'a [JobComplete]) -> Self {
         let mut order: Vec<usize> = (0..batch.len()).collect();
         order.sort_by_key(|&i| (batch[i].job_id, batch[i].attempt));
@@ -242,7 +242,7 @@ pub(crate) async fn complete_many(
     if batch.is_empty() {
         return Ok(Vec::new());
     }
-    let plan = Plan::of(batch);
+    let plan = BatchOrder::of(batch);
     let (fenced, inserted) = tx.fence_and_insert(&plan.keys, &plan.proposals).await?;
     let live = live_of(batch, &plan.order, fenced);
     if live.is_empty() {
@@ -306,7 +306,7 @@ pub(crate) fn success_of<'a>(
                 "outputs": canonical_of(outputs),
             });
             outbox.push(OutboxPut {
-                dedup_key: format!("{}/{}/{event}", job.run_id, job.stage),
+                dedup_key: crate::graph::outbox_dedup_key(&job.run_id, &job.stage, event),
                 run_id: &job.run_id,
                 stage: &job.stage,
                 event,

@@ -112,6 +112,9 @@ macro_rules! impl_store {
             async fn plugin_usage(&self, digest: &str) -> Result<i64> {
                 plugins::usage(self, digest).await
             }
+            async fn plugin_candidates(&self, name: &str, range: &VersionKeyRange, offset: i64, limit: i64) -> Result<Vec<PluginVersion>> {
+                plugins::candidates(self, name, range, offset, limit).await
+            }
             async fn plugin_versions_of(&self, names: &[String]) -> Result<Vec<PluginVersion>> {
                 plugins::versions_of(self, names).await
             }
@@ -184,8 +187,8 @@ macro_rules! impl_store {
             async fn reconcile(&self, now: i64) -> Result<ReconcileReport> {
                 crate::store::reconcile::in_batches(self, now).await
             }
-            async fn audit_facts(&self, run_id: &str) -> Result<AuditFacts> {
-                audit::facts(self, run_id).await
+            async fn audit_run(&self, run_id: &str, visitor: &mut dyn AuditVisitor) -> Result<()> {
+                audit::run(self, run_id, visitor).await
             }
             async fn run_ids(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>> {
                 audit::run_ids(self, after, limit).await
@@ -226,6 +229,16 @@ pub trait Store: Send + Sync + 'static {
     async fn plugin_usage(&self, digest: &str) -> Result<i64>;
     /// Every registered version of the plugins named.
     async fn plugin_versions_of(&self, names: &[String]) -> Result<Vec<PluginVersion>>;
+    /// Up to `limit` non-yanked versions of `name` in `range`, highest
+    /// [`version_key`] first, skipping `offset`: an index range, however
+    /// many versions are registered.
+    async fn plugin_candidates(
+        &self,
+        name: &str,
+        range: &VersionKeyRange,
+        offset: i64,
+        limit: i64,
+    ) -> Result<Vec<PluginVersion>>;
     /// `(digest, manifest text)` of each of these digests that is registered.
     async fn plugin_manifests(&self, digests: &[String]) -> Result<Vec<(String, String)>>;
 
@@ -326,13 +339,15 @@ pub trait Store: Send + Sync + 'static {
     async fn reconcile(&self, now: i64) -> Result<ReconcileReport>;
     /// Clears the job queue's dead row versions out of its indexes once
     /// enough have piled up, where the database keeps them (PostgreSQL,
-    /// ADR 0019); returns whether it did. Workers call it every second.
-    async fn jobs_vacuum(&self) -> Result<bool> {
-        Ok(false)
+    /// ADR 0019). Workers call it every second.
+    async fn jobs_vacuum(&self) -> Result<JobsVacuum> {
+        Ok(JobsVacuum::NotDue)
     }
 
-    /// Everything the invariant audit reads of one run, in one snapshot.
-    async fn audit_facts(&self, run_id: &str) -> Result<AuditFacts>;
+    /// Everything the invariant audit reads of one run, from one snapshot,
+    /// to `visitor` a page of jobs at a time (memory bounded by a page,
+    /// whatever the run's size); nothing if the run does not exist.
+    async fn audit_run(&self, run_id: &str, visitor: &mut dyn AuditVisitor) -> Result<()>;
     /// Up to `limit` run ids after `after` (from the first), in id order:
     /// for walking every run a page at a time.
     async fn run_ids(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>>;

@@ -104,7 +104,11 @@ pub(crate) fn run_row(row: &impl RowExt) -> Result<RunRow> {
     Ok(RunRow {
         id: row.text("id")?,
         pipeline: row.text("pipeline")?,
-        state: row.text("state")?,
+        state: {
+            let state = row.text("state")?;
+            RunState::parse(&state)
+                .ok_or_else(|| corrupt("runs", format!("unknown state `{state}`")))?
+        },
         idempotency_key: row.opt_text("idempotency_key")?,
         created_at: row.int("created_at")?,
         finished_at: row.opt_int("finished_at")?,
@@ -184,6 +188,13 @@ pub(crate) fn plugin_version(row: &impl RowExt) -> Result<PluginVersion> {
             .map_err(|e| corrupt("plugins", format!("version `{version}`: {e}")))?,
         yanked: row.int("yanked")? != 0,
     })
+}
+
+/// The [`version_key`] of a version as the `plugins` table holds it.
+pub(crate) fn version_key_of(version: &str) -> Result<String> {
+    semver::Version::parse(version)
+        .map(|v| version_key(&v))
+        .map_err(|e| corrupt("plugins", format!("version `{version}` is not semver: {e}")))
 }
 
 pub(crate) fn plugin_summary(row: &impl RowExt) -> Result<PluginSummary> {
@@ -287,6 +298,29 @@ pub(crate) fn input_row(row: &impl RowExt) -> Result<(String, InputBinding)> {
             from_output: row.text("from_output")?,
         },
     ))
+}
+
+/// A binding with the digest of the artifact it names (`source_digest`).
+pub(crate) fn sourced_input(row: &impl RowExt) -> Result<(InputBinding, Option<String>)> {
+    Ok((input_row(row)?.1, row.opt_text("source_digest")?))
+}
+
+pub(crate) fn incoming_edges(row: &impl RowExt) -> Result<IncomingEdges> {
+    Ok(IncomingEdges {
+        stage: row.text("to_stage")?,
+        total: row.int("total")?,
+        unsatisfied: row.int("unsatisfied")?,
+    })
+}
+
+pub(crate) fn early_start(row: &impl RowExt) -> Result<EarlyStart> {
+    Ok(EarlyStart {
+        stage: row.text("stage")?,
+        attempt: row.int("attempt")?,
+        claim_seq: row.int("claim_seq")?,
+        from_stage: row.text("from_stage")?,
+        from_succeeded_seq: row.opt_int("succeeded_seq")?,
+    })
 }
 
 pub(crate) fn run_event(row: &impl RowExt) -> Result<RunEvent> {

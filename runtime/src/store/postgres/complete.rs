@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::store::complete::{
-    self, AttemptKey, CompletionTx, EdgeSatisfied, Fenced, Plan, Proposal, StoredKey, Success,
+    self, AttemptKey, BatchOrder, CompletionTx, EdgeSatisfied, Fenced, Proposal, StoredKey, Success,
 };
 use crate::store::rows::RowExt;
 
@@ -134,7 +134,7 @@ const COMPLETE_BATCH: &str = "SELECT * FROM ratchet_complete_batch(
 /// stay, and raises [`NOT_IN_ONE_CALL`] otherwise.
 async fn in_one_call(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome> {
     let batch = &b.completions;
-    let plan = Plan::of(batch);
+    let plan = BatchOrder::of(batch);
     let live = plan.as_claimed();
     let outputs_of = complete::proposed_as_won(batch, &live);
     let success = complete::success_of(batch, &live, &outputs_of);

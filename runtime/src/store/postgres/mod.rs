@@ -78,6 +78,7 @@ impl PostgresStore {
             .connect_with(options)
             .await?;
         MIGRATOR.run(&pool).await?;
+        plugins::backfill_version_keys(&pool).await?;
         Ok(Self {
             pool,
             stepped: Arc::default(),
@@ -114,7 +115,7 @@ super::impl_store!(PostgresStore {
         2
     }
 
-    async fn jobs_vacuum(&self) -> Result<bool> {
+    async fn jobs_vacuum(&self) -> Result<JobsVacuum> {
         vacuum::jobs(self).await
     }
 

@@ -7,12 +7,14 @@ use super::*;
 pub(super) async fn put(store: &PostgresStore, p: PluginPut) -> Result<PluginPutOutcome> {
     let mut tx = store.begin_write().await?;
     let inserted = sqlx::query(
-        "INSERT INTO plugins (digest, name, version, manifest, component, size, registered_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+        "INSERT INTO plugins (digest, name, version, version_key, manifest, component, size,
+                              registered_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
     )
     .bind(&p.digest)
     .bind(&p.name)
     .bind(&p.version)
+    .bind(rows::version_key_of(&p.version)?)
     .bind(&p.manifest)
     .bind(&p.component)
     .bind(p.component.len() as i64)
@@ -106,4 +108,52 @@ pub(super) async fn manifests(
             .fetch_all(&store.pool)
             .await?,
     )
+}
+
+/// A page of [`Store::plugin_candidates`]: `plugins_by_version` walked
+/// backwards from the range's top.
+pub(super) async fn candidates(
+    store: &PostgresStore,
+    name: &str,
+    range: &VersionKeyRange,
+    offset: i64,
+    limit: i64,
+) -> Result<Vec<PluginVersion>> {
+    let rows = sqlx::query(
+        "SELECT digest, name, version, yanked FROM plugins
+         WHERE name = $1 AND version_key BETWEEN $2 AND $3 AND yanked = 0
+           AND (NOT $4 OR version_key LIKE '%1')
+         ORDER BY version_key DESC, digest LIMIT $5 OFFSET $6",
+    )
+    .bind(name)
+    .bind(&range.lowest)
+    .bind(&range.highest)
+    .bind(range.releases_only)
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(&store.pool)
+    .await?;
+    rows.iter().map(rows::plugin_version).collect()
+}
+
+/// Gives the versions registered before `version_key` existed their key
+/// (migration 0012), a page at a time; none are left after the first open.
+pub(super) async fn backfill_version_keys(pool: &PgPool) -> Result<()> {
+    loop {
+        let unkeyed: Vec<(String, String)> = sqlx::query_as(
+            "SELECT digest, version FROM plugins WHERE version_key IS NULL LIMIT 256",
+        )
+        .fetch_all(pool)
+        .await?;
+        for (digest, version) in &unkeyed {
+            sqlx::query("UPDATE plugins SET version_key = $1 WHERE digest = $2")
+                .bind(rows::version_key_of(version)?)
+                .bind(digest)
+                .execute(pool)
+                .await?;
+        }
+        if unkeyed.len() < 256 {
+            return Ok(());
+        }
+    }
 }

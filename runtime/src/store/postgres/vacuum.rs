@@ -9,24 +9,44 @@ const DUE_AT_DEAD: i64 = 10_000;
 
 /// Vacuums `jobs` when it is due, skipping it if another session holds the
 /// table (another worker vacuuming it). The counts are the statistics the
-/// server keeps, at most a second or so behind.
-pub(super) async fn jobs(store: &PostgresStore) -> Result<bool> {
+/// server keeps, at most a second or so behind. A role that may not vacuum
+/// the table is told so instead: PostgreSQL would skip the table with a
+/// warning and report success.
+pub(super) async fn jobs(store: &PostgresStore) -> Result<JobsVacuum> {
     let counts: Option<(i64, i64)> = sqlx::query_as(
         "SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass",
     )
     .fetch_optional(&store.pool)
     .await?;
     let Some((live, dead)) = counts else {
-        return Ok(false);
+        return Ok(JobsVacuum::NotDue);
     };
     if dead < DUE_AT_DEAD.max(live / 5) {
-        return Ok(false);
+        return Ok(JobsVacuum::NotDue);
+    }
+    // Who may vacuum (PostgreSQL 15 and 16; 17 adds the MAINTAIN
+    // privilege, asked only where it exists).
+    let (permitted, role): (bool, String) = sqlx::query_as(
+        "SELECT r.rolsuper OR pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE')
+                OR CASE WHEN current_setting('server_version_num')::int >= 170000
+                        THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END,
+                current_user::text
+         FROM pg_class c, pg_database d, pg_roles r
+         WHERE c.oid = 'jobs'::regclass AND d.datname = current_database()
+           AND r.rolname = current_user",
+    )
+    .fetch_one(&store.pool)
+    .await?;
+    if !permitted {
+        return Ok(JobsVacuum::NotPermitted(format!(
+            "the role `{role}` does not own the `jobs` table (nor the database), so PostgreSQL will not let it vacuum the table; the queue is left to autovacuum (ADR 0019)"
+        )));
     }
     // The simple query protocol: VACUUM cannot run in a transaction block.
     sqlx::raw_sql("VACUUM (SKIP_LOCKED) jobs")
         .execute(&store.pool)
         .await?;
-    Ok(true)
+    Ok(JobsVacuum::Vacuumed)
 }
 
 impl PostgresStore {

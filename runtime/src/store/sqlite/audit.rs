@@ -54,16 +54,20 @@ pub(super) async fn outbox<'e>(
 }
 
 /// Every row of one run the audit reads, from one read transaction (one
-/// snapshot).
-pub(super) async fn facts(store: &SqliteStore, run_id: &str) -> Result<AuditFacts> {
+/// snapshot), a page of jobs at a time.
+pub(super) async fn run(
+    store: &SqliteStore,
+    run_id: &str,
+    visitor: &mut dyn AuditVisitor,
+) -> Result<()> {
     let mut tx = store.pool.begin().await?;
-    let runs = sqlx::query("SELECT * FROM runs WHERE id = ?")
+    let Some(run) = sqlx::query("SELECT * FROM runs WHERE id = ?")
         .bind(run_id)
-        .fetch_all(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?
-        .iter()
-        .map(rows::run_row)
-        .collect::<Result<Vec<_>>>()?;
+    else {
+        return Ok(());
+    };
     let events = sqlx::query("SELECT * FROM run_events WHERE run_id = ? ORDER BY id")
         .bind(run_id)
         .fetch_all(&mut *tx)
@@ -71,36 +75,151 @@ pub(super) async fn facts(store: &SqliteStore, run_id: &str) -> Result<AuditFact
         .iter()
         .map(rows::run_event)
         .collect::<Result<Vec<_>>>()?;
-    let jobs = jobs::list(&mut *tx, Some(run_id)).await?;
-    let edges = sqlx::query("SELECT * FROM edges WHERE run_id = ?")
-        .bind(run_id)
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(rows::edge_row)
-        .collect::<Result<Vec<_>>>()?;
-    let inputs = sqlx::query("SELECT * FROM job_inputs WHERE run_id = ?")
-        .bind(run_id)
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(rows::input_row)
-        .collect::<Result<Vec<_>>>()?;
-    let artifacts = artifacts::list(&mut *tx, Some(run_id)).await?;
-    let attempts = attempts(&mut *tx, Some(run_id)).await?;
-    let outbox = outbox(&mut *tx, Some(run_id)).await?;
-    let digest_mismatches = digest_mismatches(&mut tx, run_id).await?;
-    tx.commit().await?;
-    Ok(AuditFacts {
-        runs,
+    let orphan_artifacts = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {} FROM artifacts a WHERE run_id = ?1 AND stage <> ?2
+           AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = a.run_id AND j.stage = a.stage)
+         ORDER BY stage, output",
+        artifacts::META_COLUMNS
+    )))
+    .bind(run_id)
+    .bind(RUN_INPUT_STAGE)
+    .fetch_all(&mut *tx)
+    .await?
+    .iter()
+    .map(rows::artifact_meta)
+    .collect::<Result<Vec<_>>>()?;
+    visitor.run(RunAuditFacts {
+        run: rows::run_row(&run)?,
         events,
+        digest_mismatches: digest_mismatches(&mut tx, run_id).await?,
+        orphan_artifacts,
+    });
+    let mut after = String::new();
+    loop {
+        let jobs =
+            sqlx::query("SELECT * FROM jobs WHERE run_id = ? AND stage > ? ORDER BY stage LIMIT ?")
+                .bind(run_id)
+                .bind(&after)
+                .bind(AUDIT_PAGE_JOBS)
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(rows::job_row)
+                .collect::<Result<Vec<_>>>()?;
+        let Some(last) = jobs.last().map(|j| j.stage.clone()) else {
+            break;
+        };
+        let page = stage_page(&mut tx, run_id, &after, &last, jobs).await?;
+        let full = page.jobs.len() as i64 == AUDIT_PAGE_JOBS;
+        visitor.stages(page);
+        if !full {
+            break;
+        }
+        after = last;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The rows of the jobs whose stages fall in `(after, last]`.
+async fn stage_page(
+    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    run_id: &str,
+    after: &str,
+    last: &str,
+    jobs: Vec<JobRow>,
+) -> Result<StageAuditPage> {
+    async fn fetch<T>(
+        tx: &mut sqlx::Transaction<'_, Sqlite>,
+        sql: &str,
+        (run_id, after, last): (&str, &str, &str),
+        map: impl Fn(&sqlx::sqlite::SqliteRow) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(run_id)
+            .bind(after)
+            .bind(last)
+            .fetch_all(&mut **tx)
+            .await?
+            .iter()
+            .map(map)
+            .collect()
+    }
+    let range = (run_id, after, last);
+    Ok(StageAuditPage {
+        // Through the run's jobs: the primary key starts with the job.
+        attempts: fetch(
+            tx,
+            "SELECT a.* FROM jobs j CROSS JOIN attempts a ON a.job_id = j.id
+             WHERE j.run_id = ?1 AND j.stage > ?2 AND j.stage <= ?3 ORDER BY a.claim_seq",
+            range,
+            rows::attempt_row,
+        )
+        .await?,
+        artifacts: fetch(
+            tx,
+            &format!(
+                "SELECT {} FROM artifacts WHERE run_id = ?1 AND stage > ?2 AND stage <= ?3
+                 ORDER BY stage, output",
+                artifacts::META_COLUMNS
+            ),
+            range,
+            rows::artifact_meta,
+        )
+        .await?,
+        inputs: fetch(
+            tx,
+            "SELECT b.*, a.digest AS source_digest FROM job_inputs b LEFT JOIN artifacts a
+               ON a.run_id = b.run_id AND a.stage = b.from_stage AND a.output = b.from_output
+             WHERE b.run_id = ?1 AND b.stage > ?2 AND b.stage <= ?3",
+            range,
+            rows::sourced_input,
+        )
+        .await?,
+        incoming: fetch(
+            tx,
+            "SELECT to_stage, COUNT(*) AS total,
+                    SUM(CASE WHEN satisfied = 0 THEN 1 ELSE 0 END) AS unsatisfied
+             FROM edges WHERE run_id = ?1 AND to_stage > ?2 AND to_stage <= ?3 GROUP BY to_stage",
+            range,
+            rows::incoming_edges,
+        )
+        .await?,
+        early_starts: fetch(
+            tx,
+            // CROSS JOIN fixes the order: from the range of edges into the
+            // page's stages, to the attempts of each. Left to choose, the
+            // bundled SQLite took 58 ms a page at 100,000 stages (20 s for
+            // the audit, 4 s of it the rest).
+            "SELECT t.stage, a.attempt, a.claim_seq, e.from_stage, p.succeeded_seq
+             FROM edges e CROSS JOIN jobs t ON t.run_id = e.run_id AND t.stage = e.to_stage
+             CROSS JOIN attempts a ON a.job_id = t.id
+             LEFT JOIN jobs p ON p.run_id = e.run_id AND p.stage = e.from_stage
+             WHERE e.run_id = ?1 AND e.to_stage > ?2 AND e.to_stage <= ?3
+               AND (p.succeeded_seq IS NULL OR p.succeeded_seq >= a.claim_seq)
+             ORDER BY a.claim_seq, e.from_stage",
+            range,
+            rows::early_start,
+        )
+        .await?,
+        lost_edges: fetch(
+            tx,
+            "SELECT e.* FROM edges e JOIN jobs p ON p.run_id = e.run_id AND p.stage = e.from_stage
+             WHERE e.run_id = ?1 AND e.to_stage > ?2 AND e.to_stage <= ?3
+               AND e.satisfied = 0 AND p.state = 'succeeded'
+             ORDER BY e.to_stage, e.from_stage",
+            range,
+            |row| rows::edge_row(row).map(|(_, edge, _)| edge),
+        )
+        .await?,
+        outbox: fetch(
+            tx,
+            "SELECT * FROM outbox WHERE run_id = ?1 AND stage > ?2 AND stage <= ?3 ORDER BY id",
+            range,
+            rows::outbox_row,
+        )
+        .await?,
         jobs,
-        edges,
-        inputs,
-        artifacts,
-        attempts,
-        outbox,
-        digest_mismatches,
     })
 }
 

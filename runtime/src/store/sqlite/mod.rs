@@ -68,6 +68,7 @@ impl SqliteStore {
             .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
+        plugins::backfill_version_keys(&pool).await?;
         let checkpointer = Arc::new(Checkpointer::start(pool.clone()));
         let mut writer = options
             .pragma("wal_autocheckpoint", WRITER_BACKSTOP_PAGES.to_string())

@@ -27,12 +27,14 @@ pub(super) async fn put(store: &SqliteStore, p: PluginPut) -> Result<PluginPutOu
         };
     }
     let inserted = sqlx::query(
-        "INSERT INTO plugins (digest, name, version, manifest, component, size, registered_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
+        "INSERT INTO plugins (digest, name, version, version_key, manifest, component, size,
+                              registered_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
     )
     .bind(&p.digest)
     .bind(&p.name)
     .bind(&p.version)
+    .bind(rows::version_key_of(&p.version)?)
     .bind(&p.manifest)
     .bind(&p.component)
     .bind(p.component.len() as i64)
@@ -119,4 +121,52 @@ pub(super) async fn manifests(
     .bind(to_json(&digests))
     .fetch_all(&store.pool)
     .await?)
+}
+
+/// A page of [`Store::plugin_candidates`]: `plugins_by_version` walked
+/// backwards from the range's top.
+pub(super) async fn candidates(
+    store: &SqliteStore,
+    name: &str,
+    range: &VersionKeyRange,
+    offset: i64,
+    limit: i64,
+) -> Result<Vec<PluginVersion>> {
+    let rows = sqlx::query(
+        "SELECT digest, name, version, yanked FROM plugins
+         WHERE name = ?1 AND version_key BETWEEN ?2 AND ?3 AND yanked = 0
+           AND (?4 = 0 OR version_key LIKE '%1')
+         ORDER BY version_key DESC, digest LIMIT ?5 OFFSET ?6",
+    )
+    .bind(name)
+    .bind(&range.lowest)
+    .bind(&range.highest)
+    .bind(range.releases_only)
+    .bind(limit)
+    .bind(offset)
+    .fetch_all(&store.pool)
+    .await?;
+    rows.iter().map(rows::plugin_version).collect()
+}
+
+/// Gives the versions registered before `version_key` existed their key
+/// (migration 0012), a page at a time; none are left after the first open.
+pub(super) async fn backfill_version_keys(pool: &SqlitePool) -> Result<()> {
+    loop {
+        let unkeyed: Vec<(String, String)> = sqlx::query_as(
+            "SELECT digest, version FROM plugins WHERE version_key IS NULL LIMIT 256",
+        )
+        .fetch_all(pool)
+        .await?;
+        for (digest, version) in &unkeyed {
+            sqlx::query("UPDATE plugins SET version_key = ? WHERE digest = ?")
+                .bind(rows::version_key_of(version)?)
+                .bind(digest)
+                .execute(pool)
+                .await?;
+        }
+        if unkeyed.len() < 256 {
+            return Ok(());
+        }
+    }
 }

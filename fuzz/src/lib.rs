@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use ratchet_runtime::clock::SystemClock;
-use ratchet_runtime::model::StochasticModel;
+use ratchet_runtime::llm::StochasticModel;
 use ratchet_runtime::plugin::{HostConfig, PluginHost};
 
 /// A refusal is one line a person can read: not empty, no line break, no

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use ratchet_runtime::bundled::PLUGIN_DIR;
 use ratchet_runtime::clock::SystemClock;
-use ratchet_runtime::model::StochasticModel;
+use ratchet_runtime::llm::StochasticModel;
 use ratchet_runtime::plugin::{HostConfig, Invocation, PluginHost};
 
 fn main() -> anyhow::Result<()> {

@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use crate::graph::outbox_dedup_key;
 use crate::store::{
-    ArtifactMeta, AuditVisitor, IncomingEdges, JobRow, JobState, RUN_INPUT_STAGE, RunAuditFacts,
-    RunRow, RunState, StageAuditPage, Store, StoreError,
+    ArtifactMeta, AuditVisitor, History, IncomingEdges, JobRow, JobState, RUN_INPUT_STAGE,
+    RunAuditFacts, RunRow, RunState, StageAuditPage, StoreError,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -45,7 +45,7 @@ const RUNS_PER_PAGE: usize = 100;
 /// Audits one run (`Some`) or every run, a page of one run's jobs in memory
 /// at a time; `progress` is told the report so far after each page.
 pub async fn audit_store(
-    store: &dyn Store,
+    store: &dyn History,
     run: Option<&str>,
     progress: &mut (dyn FnMut(&AuditReport) + Send),
 ) -> Result<AuditReport, StoreError> {
@@ -68,7 +68,7 @@ pub async fn audit_store(
 }
 
 async fn audit_run(
-    store: &dyn Store,
+    store: &dyn History,
     run_id: &str,
     report: &mut AuditReport,
     progress: &mut (dyn FnMut(&AuditReport) + Send),
@@ -89,7 +89,7 @@ const CANONICAL: &str = "canonical-artifact";
 const DEPENDENCY: &str = "durable-dependency";
 const CONTINUATION: &str = "atomic-continuation";
 
-/// The checks of one run, fed by [`Store::audit_run`]: rows that belong
+/// The checks of one run, fed by [`History::audit_run`]: rows that belong
 /// together (a stage's job, attempts, artifacts, bindings, outbox rows and
 /// counted incoming edges) arrive in one page; what spans the run (its
 /// state against its stages') is carried from page to page.

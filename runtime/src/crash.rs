@@ -3,6 +3,9 @@
 //!
 //! `FAILPOINTS="after_commit=return(exit)"` ends the process there with
 //! [`CRASH_EXIT_CODE`]; `FAILPOINTS="after_commit=panic"` panics there.
+//! A point never changes which code runs: where two points fall inside one
+//! database call (PostgreSQL's one-call batch, ADR 0010), both are passed
+//! just before that call, the last moment before its commit.
 
 /// Every crash point, in the order an attempt passes them, and the fault
 /// point `commit_ack_lost` ([`ack_lost`]).
@@ -33,6 +36,16 @@ pub fn point(name: &str) {
     let _ = name;
 }
 
+/// Passes the named crash point once for each of `attempts` attempts that
+/// reached it together in one batch, as each would alone: a point set to
+/// act on its n-th pass acts inside the batch holding the n-th attempt.
+#[inline]
+pub fn point_per_attempt(name: &str, attempts: usize) {
+    for _ in 0..attempts {
+        point(name);
+    }
+}
+
 /// The fault point `commit_ack_lost`, passed by a store right after a
 /// write transaction committed: when set to `return`, the store reports
 /// the error a connection closed before the commit's acknowledgement gives
@@ -43,16 +56,6 @@ pub fn ack_lost() -> bool {
     #[cfg(not(feature = "failpoints"))]
     let lost = false;
     lost
-}
-
-/// Whether any crash point is set. A store then writes a batch in the steps
-/// the points sit between, not in one call.
-pub fn armed() -> bool {
-    #[cfg(feature = "failpoints")]
-    let armed = !fail::list().is_empty();
-    #[cfg(not(feature = "failpoints"))]
-    let armed = false;
-    armed
 }
 
 /// Applies `FAILPOINTS` (`name=action;name=action`) once at start-up.

@@ -2,13 +2,12 @@
 //! submission: a pipeline resolved against it, pinned, written in one txn.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::manifest::{ManifestError, Pipeline, PluginManifest, PluginResolver, ResolvedPlugin};
 use crate::plugin::{PluginError, PluginHost};
 use crate::store::{
-    JobRepin, JobState, NewJob, PluginPut, PluginPutOutcome, PluginSummary, PluginVersion,
+    Catalog, JobRepin, JobState, NewJob, PluginPut, PluginPutOutcome, PluginSummary, PluginVersion,
     RepinOutcome, RunState, RunSubmit, RunSubmitOutcome, Store, StoreError, VersionKeyRange,
     version_key,
 };
@@ -37,7 +36,7 @@ pub struct Registered {
 /// manifest, the operator's policy admits it) and stores it; nothing is
 /// stored when any check fails.
 pub async fn plugin_register(
-    store: &Arc<dyn Store>,
+    store: &dyn Catalog,
     host: &PluginHost,
     component: Vec<u8>,
     clock: &dyn Clock,
@@ -79,7 +78,7 @@ impl RegistrySnapshot {
     /// plugin only when none matches, for the error); then the manifests
     /// of the chosen ones. Its cost grows neither with the other
     /// registered plugins nor with the versions of its own.
-    pub async fn load_for(store: &dyn Store, pipeline: &Pipeline) -> Result<Self, RegistryError> {
+    pub async fn load_for(store: &dyn Catalog, pipeline: &Pipeline) -> Result<Self, RegistryError> {
         let mut snapshot = Self::default();
         let mut unmatched = Vec::new();
         for (name, req) in pipeline.plugin_refs() {
@@ -138,7 +137,7 @@ impl RegistrySnapshot {
 /// which is semver's except among the pre-releases of one version (they
 /// share a key): once one matches, the walk ends at the next key.
 pub async fn best_version(
-    store: &dyn Store,
+    store: &dyn Catalog,
     name: &str,
     req: &semver::VersionReq,
 ) -> Result<Option<PluginVersion>, RegistryError> {
@@ -253,7 +252,7 @@ pub fn parse_plugin_spec(spec: &str) -> Result<(String, Option<semver::Version>)
 
 /// Registered versions of `name` (one, when `version` is given), oldest first.
 pub async fn plugin_versions(
-    store: &dyn Store,
+    store: &dyn Catalog,
     name: &str,
     version: Option<&semver::Version>,
 ) -> Result<Vec<PluginSummary>, RegistryError> {

@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 
 use crate::clock::Clock;
 use crate::scheduler::{AttemptOutcome, Scheduler};
-use crate::store::{ClaimedJob, JobState, JobsVacuum, StoreError};
+use crate::store::{ClaimedJob, JobState, JobsVacuum, Queue, StoreError};
 
 /// How long a worker waits before asking for a vacuum again after one
 /// failed or was not permitted.
@@ -31,7 +31,7 @@ pub struct WorkerOptions {
     pub poll: Duration,
     pub reconcile_every: Duration,
     /// How often to ask the store whether its job queue needs a vacuum
-    /// ([`crate::store::Store::jobs_vacuum`]).
+    /// ([`crate::store::Queue::jobs_vacuum`]).
     pub vacuum_every: Duration,
 }
 
@@ -78,10 +78,12 @@ pub enum WorkerError {
     Panicked(String),
 }
 
-/// Runs up to `concurrency` attempts at a time until `shutdown` turns true
+/// Runs up to `concurrency` attempts at a time of `sched`, which drives
+/// `queue` (the same store), until `shutdown` turns true
 /// (or, with `until_idle`, until there is nothing left to do). In-flight
 /// attempts finish first.
 pub async fn run(
+    queue: Arc<dyn Queue>,
     sched: Arc<Scheduler>,
     clock: Arc<dyn Clock>,
     opts: WorkerOptions,
@@ -89,14 +91,14 @@ pub async fn run(
 ) -> Result<Arc<WorkerStats>, WorkerError> {
     let stats = Arc::new(WorkerStats::default());
     let wake = Arc::new(Notify::new());
-    let _listening = sched.store().listen_ready(wake.clone());
-    let report = sched.store().reconcile(clock.now_ms()).await?;
+    let _listening = queue.listen_ready(wake.clone());
+    let report = queue.reconcile(clock.now_ms()).await?;
     if report.changed() {
         tracing::info!(?report, "reconciled on start");
     }
     let reconciler = (!opts.until_idle).then(|| {
-        let (sched, clock, mut shutdown, every) = (
-            sched.clone(),
+        let (queue, clock, mut shutdown, every) = (
+            queue.clone(),
             clock.clone(),
             shutdown.clone(),
             opts.reconcile_every,
@@ -107,7 +109,7 @@ pub async fn run(
                     _ = shutdown.changed() => return,
                     _ = tokio::time::sleep(every) => {}
                 }
-                match sched.store().reconcile(clock.now_ms()).await {
+                match queue.reconcile(clock.now_ms()).await {
                     Ok(r) if r.changed() => tracing::info!(report = ?r, "reconciled"),
                     Ok(_) => {}
                     Err(e) => tracing::warn!("reconcile failed: {e}"),
@@ -134,12 +136,12 @@ pub async fn run(
     // In both modes: a large run's burn-down is where the dead row
     // versions pile up (ADR 0019).
     let vacuum = {
-        let (sched, every) = (sched.clone(), opts.vacuum_every);
+        let (queue, every) = (queue.clone(), opts.vacuum_every);
         tokio::spawn(async move {
             let mut refusal_told = false;
             loop {
                 tokio::time::sleep(every).await;
-                match sched.store().jobs_vacuum().await {
+                match queue.jobs_vacuum().await {
                     Ok(JobsVacuum::Vacuumed) => tracing::debug!("vacuumed the job queue"),
                     Ok(JobsVacuum::NotDue) => {}
                     // Told once; asked again a minute later (a grant may come).
@@ -158,6 +160,7 @@ pub async fn run(
         })
     };
     let producer = Producer {
+        queue,
         sched,
         clock,
         opts,
@@ -180,6 +183,7 @@ pub async fn run(
 /// Claims as many due jobs as there are free slots, in one transaction, and
 /// runs each claimed attempt in a task of its own.
 struct Producer {
+    queue: Arc<dyn Queue>,
     sched: Arc<Scheduler>,
     clock: Arc<dyn Clock>,
     opts: WorkerOptions,
@@ -311,11 +315,11 @@ impl Producer {
     /// Nothing ready or running anywhere, and nothing left to repair.
     async fn all_done(&self) -> Result<bool, StoreError> {
         let now = self.clock.now_ms();
-        let summary = self.sched.store().job_summary(now).await?;
+        let summary = self.queue.job_summary(now).await?;
         if summary.count(JobState::Ready) + summary.count(JobState::Running) > 0 {
             return Ok(false);
         }
-        Ok(!self.sched.store().reconcile(now).await?.changed())
+        Ok(!self.queue.reconcile(now).await?.changed())
     }
 
     /// How long to wait for work when nothing is due: until the next job
@@ -325,9 +329,9 @@ impl Producer {
     /// the next periodic reconcile (forever, with `until_idle`).
     async fn idle_wait(&self) -> Result<Duration, StoreError> {
         let now = self.clock.now_ms();
-        let summary = self.sched.store().job_summary(now).await?;
+        let summary = self.queue.job_summary(now).await?;
         if summary.lapsed_on_last_attempt > 0 {
-            let report = self.sched.store().reconcile(now).await?;
+            let report = self.queue.reconcile(now).await?;
             tracing::info!(
                 ?report,
                 "reconciled a lease that lapsed on its last attempt"

@@ -12,12 +12,14 @@ use std::time::Duration;
 use ratchet_runtime::audit::{AuditReport, audit_store};
 use ratchet_runtime::bundled::PLUGIN_DIR;
 use ratchet_runtime::clock::{Clock, SystemClock};
+use ratchet_runtime::llm::{ModelBackend, StochasticModel};
 use ratchet_runtime::manifest::Pipeline;
-use ratchet_runtime::model::{ModelBackend, StochasticModel};
 use ratchet_runtime::plugin::{HostConfig, PluginHost};
 use ratchet_runtime::registry;
 use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
-use ratchet_runtime::store::{self, JobState, PluginPut, RunState, Store};
+use ratchet_runtime::store::{
+    self, ClaimedJob, JobComplete, JobState, PluginPut, ProposedArtifact, RunState, Store,
+};
 use ratchet_runtime::worker::{self, WorkerOptions};
 use serde_json::Value;
 
@@ -201,7 +203,7 @@ impl Harness {
     pub async fn register(&self, names: &[&str]) {
         for name in names {
             let bytes = std::fs::read(plugin_path(name)).expect("compiled plugin");
-            registry::plugin_register(&self.store, &self.host, bytes, self.clock.as_ref())
+            registry::plugin_register(self.store.as_ref(), &self.host, bytes, self.clock.as_ref())
                 .await
                 .unwrap_or_else(|e| panic!("register {name}: {e}"));
         }
@@ -248,10 +250,13 @@ impl Harness {
             ..WorkerOptions::default()
         };
         let (_stop, stopped) = tokio::sync::watch::channel(false);
-        tokio::time::timeout(BOUND, worker::run(sched, self.clock.clone(), opts, stopped))
-            .await
-            .expect("worker finished within the bound")
-            .expect("worker ran");
+        tokio::time::timeout(
+            BOUND,
+            worker::run(self.store.clone(), sched, self.clock.clone(), opts, stopped),
+        )
+        .await
+        .expect("worker finished within the bound")
+        .expect("worker ran");
     }
 
     /// Runs `statements` on the harness's database, outside Ratchet (for
@@ -452,4 +457,24 @@ pub async fn put_stand_in_plugin(store: &dyn Store, now: i64) {
         })
         .await
         .expect("plugin");
+}
+
+/// A completion of `job` by `worker` with one output, `out`, whose bytes
+/// name the stage, the worker and the attempt.
+pub fn completion(job: &ClaimedJob, worker: &str, now: i64) -> JobComplete {
+    let bytes = format!("{} by {worker} on attempt {}", job.stage, job.attempt).into_bytes();
+    JobComplete {
+        job_id: job.job_id,
+        attempt: job.attempt,
+        worker: worker.into(),
+        job: job.into(),
+        outputs: vec![ProposedArtifact {
+            name: "out".into(),
+            media_type: "text/plain".into(),
+            digest: ratchet_runtime::digest::sha256_hex(&bytes),
+            bytes,
+        }],
+        input_digests: Default::default(),
+        now,
+    }
 }

@@ -8,6 +8,7 @@
 use ratchet_runtime::manifest::Capability;
 use ratchet_runtime::plugin::{Caps, HostConfig, PluginError, Policy};
 use ratchet_runtime::registry::{self, RegistryError};
+use ratchet_runtime::scheduler::AttemptOutcome;
 use ratchet_runtime::store::JobState;
 use ratchet_tests::{Harness, plugin_path};
 
@@ -22,7 +23,7 @@ async fn harness(policy: Policy) -> Harness {
 /// Registers `plugin` and returns the refusal, checking nothing was stored.
 async fn refusal(h: &Harness, plugin: &str) -> String {
     let bytes = std::fs::read(plugin_path(plugin)).expect("compiled plugin");
-    let err = registry::plugin_register(&h.store, &h.host, bytes, h.clock.as_ref())
+    let err = registry::plugin_register(h.store.as_ref(), &h.host, bytes, h.clock.as_ref())
         .await
         .expect_err("registration must be refused");
     assert!(
@@ -119,6 +120,33 @@ async fn limits_are_clamped_to_caps_lowered_after_registration() {
     assert_eq!(job.state, JobState::Dead);
     let error = job.last_error.unwrap_or_default();
     assert!(error.contains("exceeded its 100 ms deadline"), "{error}");
+}
+
+/// `log` returns nothing, so a withheld `log` cannot answer
+/// `access-denied`: the line is dropped, the attempt goes on, and the drop
+/// is counted in its report. Seen failing with the count left out of
+/// `CallContext::report` (0 lines dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withheld_log_is_dropped_and_counted() {
+    let mut h = harness(Policy::default()).await;
+    h.register(&["hostile-text"]).await;
+    let run = h
+        .submit(
+            "name = \"h\"\nmax_attempts = 1\n[[stage]]\nname = \"h\"\nplugin = \"hostile-text@^1\"\ninputs = { mode = \"$input\" }\n",
+            b"nul-log",
+        )
+        .await;
+    rehost(&mut h, Policy::default().with_grants([Capability::Model]));
+    let sched = h.scheduler("w", 30_000);
+    let job = sched.claim(None).await.expect("claim").expect("a job");
+    let finished = sched.run_claimed(job).await.expect("run");
+    assert!(
+        matches!(finished.outcome, AttemptOutcome::Succeeded { .. }),
+        "{:?}",
+        finished.outcome
+    );
+    assert_eq!(finished.report.log_lines_dropped, 1);
+    assert_eq!(h.run_state(&run).await, "succeeded");
 }
 
 const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");

@@ -14,7 +14,7 @@ use std::time::Duration;
 use ratchet_runtime::bench::fanout_pipeline;
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
-use ratchet_runtime::store::{JobClaim, JobsVacuum, PostgresStore, SqliteStore, Store};
+use ratchet_runtime::store::{JobClaim, JobsVacuum, PostgresStore, Queue, SqliteStore};
 use ratchet_runtime::worker::{self, WorkerOptions};
 use ratchet_tests::{BOUND, Backend, Harness};
 use serde_json::Value;
@@ -149,10 +149,13 @@ async fn a_vacuumed_queue_chooses_a_job_without_walking_the_claimed_ones() {
         config,
     ));
     let (_stop, stopped) = tokio::sync::watch::channel(false);
-    tokio::time::timeout(BOUND, worker::run(sched, h.clock.clone(), opts, stopped))
-        .await
-        .expect("the burn-down ended within the bound")
-        .expect("the worker ran");
+    tokio::time::timeout(
+        BOUND,
+        worker::run(pg.clone(), sched, h.clock.clone(), opts, stopped),
+    )
+    .await
+    .expect("the burn-down ended within the bound")
+    .expect("the worker ran");
     h.submit(&fanout_pipeline(20), b"waiting").await;
     let before = buffers_to_choose_one(&pg, &h).await;
 

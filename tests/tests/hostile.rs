@@ -145,7 +145,7 @@ async fn a_component_that_describes_itself_otherwise_than_at_registration_is_ref
 async fn memories_together_are_bounded_by_the_memory_limit() {
     let h = Harness::with_host_config(ratchet_runtime::plugin::HostConfig::default()).await;
     let bytes = std::fs::read(env!("RATCHET_TWO_MEMORIES")).expect("two-memories component");
-    ratchet_runtime::registry::plugin_register(&h.store, &h.host, bytes, h.clock.as_ref())
+    ratchet_runtime::registry::plugin_register(h.store.as_ref(), &h.host, bytes, h.clock.as_ref())
         .await
         .expect("register");
     let run = h

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use ratchet_runtime::crash::CRASH_EXIT_CODE;
-use ratchet_runtime::model::{ModelBackend, ModelError, ModelRequest, OpenAiConfig, OpenAiModel};
+use ratchet_runtime::llm::{ModelBackend, ModelError, ModelRequest, OpenAiConfig, OpenAiModel};
 use ratchet_tests::{Backend, DEMO_PLUGINS, Harness, output, ratchet};
 use serde_json::{Value, json};
 

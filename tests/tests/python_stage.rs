@@ -57,9 +57,10 @@ async fn a_python_stage_survives_a_crash_after_its_model_call() {
         .await
         .expect("sqlite");
     h.register(&["draft", "verify"]).await;
-    let headline = registry::plugin_register(&h.store, &h.host, component, h.clock.as_ref())
-        .await
-        .expect("the Python stage registers");
+    let headline =
+        registry::plugin_register(h.store.as_ref(), &h.host, component, h.clock.as_ref())
+            .await
+            .expect("the Python stage registers");
     assert_eq!(headline.manifest.name, "headline");
     let run = h.submit(PIPELINE, b"Python stages").await;
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ratchet_runtime::clock::{Clock, ManualClock, SystemClock};
-use ratchet_runtime::model::{ModelBackend, ModelError, ModelRequest};
+use ratchet_runtime::llm::{ModelBackend, ModelError, ModelRequest};
 use ratchet_runtime::plugin::{ExecError, HostConfig};
 use ratchet_runtime::scheduler::{AttemptOutcome, Scheduler, SchedulerConfig};
 use ratchet_runtime::store::{JobState, RUN_FAILED_IN_FLIGHT};
@@ -82,10 +82,13 @@ async fn lapsed_last_lease_is_ended(backend: Backend) {
         ..WorkerOptions::default()
     };
     let (_stop, stopped) = tokio::sync::watch::channel(false);
-    tokio::time::timeout(BOUND, worker::run(sched, lapsing, opts, stopped))
-        .await
-        .expect("the worker noticed the lapsed lease and went idle")
-        .expect("worker ran");
+    tokio::time::timeout(
+        BOUND,
+        worker::run(h.store.clone(), sched, lapsing, opts, stopped),
+    )
+    .await
+    .expect("the worker noticed the lapsed lease and went idle")
+    .expect("worker ran");
     let jobs = h.store.job_list(&run).await.expect("jobs");
     assert_eq!(jobs[0].state, JobState::Dead);
     assert_eq!(h.run_state(&run).await, "failed");

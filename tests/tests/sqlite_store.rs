@@ -18,8 +18,8 @@
 use ratchet_runtime::clock::{Clock, SystemClock};
 use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::store::{
-    CheckpointStats, ClaimedJob, JobClaim, JobComplete, NewJob, ProposedArtifact, RunSubmit,
-    SqliteStore, Store,
+    CheckpointStats, ClaimedJob, History, Intake, JobClaim, JobComplete, NewJob, ProposedArtifact,
+    Queue, RunSubmit, SqliteStore,
 };
 use ratchet_tests::BOUND;
 use sqlx::sqlite::SqliteConnectOptions;

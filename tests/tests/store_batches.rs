@@ -27,16 +27,14 @@
 //!   (`sqlite/complete.rs`): the forged events were written, and the
 //!   misstated-job test failed.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ratchet_runtime::clock::{Clock, ManualClock};
-use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::store::{
-    ClaimedJob, CompleteOutcome, EdgeKind, JobBatch, JobClaim, JobComplete, JobState, NewEdge,
-    NewJob, PostgresStore, ProposedArtifact, RUN_INPUT_STAGE, RunSubmit, Store,
+    ClaimedJob, CompleteOutcome, EdgeKind, History, JobBatch, JobClaim, JobState, NewEdge, NewJob,
+    PostgresStore, Queue, RUN_INPUT_STAGE, RunSubmit, Store,
 };
-use ratchet_tests::{Backend, Harness};
+use ratchet_tests::{Backend, Harness, completion};
 
 ratchet_tests::backend_tests! {
     a_batched_claim_takes_expired_leases_first_then_the_oldest_ready_jobs => claim_order;
@@ -99,24 +97,6 @@ async fn claim(store: &dyn Store, worker: &str, now: i64, limit: usize) -> Vec<C
         })
         .await
         .expect("claim")
-}
-
-fn completion(job: &ClaimedJob, worker: &str, now: i64) -> JobComplete {
-    let bytes = format!("{} by {worker} on attempt {}", job.stage, job.attempt).into_bytes();
-    JobComplete {
-        job_id: job.job_id,
-        attempt: job.attempt,
-        worker: worker.into(),
-        job: job.into(),
-        outputs: vec![ProposedArtifact {
-            name: "out".into(),
-            media_type: "text/plain".into(),
-            digest: sha256_hex(&bytes),
-            bytes,
-        }],
-        input_digests: BTreeMap::new(),
-        now,
-    }
 }
 
 fn stages(jobs: &[ClaimedJob]) -> Vec<(&str, i64)> {

@@ -13,13 +13,16 @@ use crate::audit;
 use crate::bundled::BENCH_PLUGINS;
 use crate::clock::{Clock, SystemClock};
 use crate::digest::sha256_hex;
+use crate::llm::StochasticModel;
 use crate::lock;
 use crate::manifest::Pipeline;
-use crate::model::StochasticModel;
-use crate::plugin::{ExecError, HostConfig, Invocation, Payload, PluginHost};
+use crate::plugin::{ExecError, ExecReport, HostConfig, Invocation, Payload, PluginHost};
 use crate::registry;
-use crate::scheduler::{NativeStage, Scheduler, SchedulerConfig, SchedulerProbe};
-use crate::store::{self, ArtifactPut, ClaimedJob, PluginPut, PostgresStore, RawCompletion, Store};
+use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerProbe, StageExecutor};
+use crate::store::{
+    self, ArtifactPut, ClaimedJob, MeasuredStore, PluginPut, PostgresStore, RawCompletion,
+    StoreError,
+};
 use crate::worker::{self, WorkerOptions};
 
 /// Where the scenarios' databases live: a temporary folder of SQLite files,
@@ -48,7 +51,7 @@ impl Scratch {
     }
 
     /// A new, empty database for one scenario.
-    async fn database(&self, name: &str) -> anyhow::Result<Arc<dyn Store>> {
+    async fn database(&self, name: &str) -> anyhow::Result<Arc<dyn MeasuredStore>> {
         let url = match &self.postgres {
             None => format!(
                 "sqlite://{}",
@@ -60,7 +63,7 @@ impl Scratch {
                 url
             }
         };
-        Ok(store::open(&url).await?)
+        Ok(store::open_measured(&url).await?)
     }
 
     pub async fn cleanup(self) -> anyhow::Result<()> {
@@ -79,7 +82,7 @@ const SUBMITTERS: usize = 8;
 
 /// A database with the bench plugins registered, and a host.
 struct Rig {
-    store: Arc<dyn Store>,
+    store: Arc<dyn MeasuredStore>,
     host: Arc<PluginHost>,
     clock: Arc<dyn Clock>,
 }
@@ -99,22 +102,24 @@ async fn rig(scratch: &Scratch, name: &str, workers: usize) -> anyhow::Result<Ri
         config,
     )?);
     for (_, bytes) in BENCH_PLUGINS {
-        registry::plugin_register(&store, &host, bytes.to_vec(), clock.as_ref()).await?;
+        registry::plugin_register(store.as_ref(), &host, bytes.to_vec(), clock.as_ref()).await?;
     }
     Ok(Rig { store, host, clock })
 }
 
 impl Rig {
     fn scheduler(&self, native: bool, probe: Option<Arc<dyn SchedulerProbe>>) -> Arc<Scheduler> {
+        let executor: Arc<dyn StageExecutor> = if native {
+            Arc::new(NativePass)
+        } else {
+            self.host.clone()
+        };
         let mut sched = Scheduler::new(
             self.store.clone(),
-            self.host.clone(),
+            executor,
             self.clock.clone(),
             SchedulerConfig::new("bench"),
         );
-        if native {
-            sched = sched.with_native(Arc::new(NativePass));
-        }
         if let Some(probe) = probe {
             sched = sched.with_probe(probe);
         }
@@ -170,7 +175,8 @@ impl Rig {
         };
         let (_stop, stopped) = watch::channel(false);
         let start = Instant::now();
-        let stats = worker::run(sched, self.clock.clone(), opts, stopped).await?;
+        let stats =
+            worker::run(self.store.clone(), sched, self.clock.clone(), opts, stopped).await?;
         let elapsed = start.elapsed();
         let dead = stats.dead.load(Ordering::Relaxed);
         anyhow::ensure!(dead == 0, "{dead} bench stages died: {}", stats.summary());
@@ -181,16 +187,27 @@ impl Rig {
 /// The bench-only native executor: `pass` in Rust, no Wasm.
 struct NativePass;
 
-impl NativeStage for NativePass {
-    fn run(&self, inputs: Vec<Payload>) -> Result<Vec<Payload>, ExecError> {
-        Ok(inputs
+#[async_trait::async_trait]
+impl StageExecutor for NativePass {
+    async fn run(
+        &self,
+        _digest: &str,
+        _inv: &Invocation,
+        inputs: Vec<Payload>,
+    ) -> Result<(Result<Vec<Payload>, ExecError>, ExecReport), StoreError> {
+        let outputs = inputs
             .into_iter()
             .filter(|p| p.name == "in")
             .map(|p| Payload {
                 name: "out".into(),
                 ..p
             })
-            .collect())
+            .collect();
+        Ok((Ok(outputs), ExecReport::default()))
+    }
+
+    fn longest_attempt_ms(&self) -> u64 {
+        u64::MAX
     }
 }
 
@@ -239,7 +256,7 @@ pub(super) async fn raw_limit(scratch: &Scratch, config: &BenchConfig) -> anyhow
                     now: clock.now_ms(),
                 };
                 store
-                    .bench_raw_completion(RawCompletion { job_id, artifact })
+                    .raw_completion(RawCompletion { job_id, artifact })
                     .await?;
             }
             anyhow::Ok(())
@@ -417,7 +434,13 @@ pub(super) async fn release_latency(
         ..WorkerOptions::default()
     };
     let (stop, stopped) = watch::channel(false);
-    let work = tokio::spawn(worker::run(sched, rig.clock.clone(), opts, stopped));
+    let work = tokio::spawn(worker::run(
+        rig.store.clone(),
+        sched,
+        rig.clock.clone(),
+        opts,
+        stopped,
+    ));
     let pipeline = chain_pipeline(2)?;
     for i in 0..config.latency_samples {
         let sampled = probe.sampled.notified();

@@ -20,9 +20,13 @@ pub async fn run(env: &Env, runs: u32) -> Result<ExitCode> {
     println!("Ratchet demo on {}\n", env.db);
     let mut names = Vec::new();
     for (_, bytes) in bundled::PLUGINS {
-        let r =
-            registry::plugin_register(&env.store, &env.host, bytes.to_vec(), env.clock.as_ref())
-                .await?;
+        let r = registry::plugin_register(
+            env.store.as_ref(),
+            &env.host,
+            bytes.to_vec(),
+            env.clock.as_ref(),
+        )
+        .await?;
         names.push(format!("{}@{}", r.manifest.name, r.manifest.version));
     }
     println!("1. Registered the bundled plugins: {}.", names.join(", "));
@@ -54,7 +58,7 @@ pub async fn run(env: &Env, runs: u32) -> Result<ExitCode> {
         ..WorkerOptions::default()
     };
     let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let stats = worker::run(sched, env.clock.clone(), opts, stopped).await?;
+    let stats = worker::run(env.store.clone(), sched, env.clock.clone(), opts, stopped).await?;
     println!("   {}.\n", stats.summary());
 
     if crashed {

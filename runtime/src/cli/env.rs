@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 
 use super::{BadInput, Cli, Command, ModelArgs, ModelKind};
 use crate::clock::{Clock, SystemClock};
-use crate::model::{ModelBackend, OpenAiConfig, OpenAiModel, StochasticModel};
+use crate::llm::{ModelBackend, OpenAiConfig, OpenAiModel, StochasticModel};
 use crate::plugin::{HostConfig, PluginHost, Policy};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::store::{self, Store};

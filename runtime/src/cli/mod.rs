@@ -125,7 +125,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             let bytes = std::fs::read(&file)
                 .map_err(|e| BadInput(format!("cannot read `{}`: {e}", file.display())))?;
             let registered =
-                registry::plugin_register(&env.store, &env.host, bytes, env.clock.as_ref())
+                registry::plugin_register(env.store.as_ref(), &env.host, bytes, env.clock.as_ref())
                     .await
                     .with_context(|| format!("`{}` was not registered", file.display()))?;
             let verb = match registered.outcome {
@@ -199,7 +199,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             let stop_signal = shutdown_signal()?;
             tracing::info!(worker = %worker_id, concurrency, "worker started");
             let (stop, stopped) = tokio::sync::watch::channel(false);
-            let mut work = tokio::spawn(worker::run(sched, env.clock.clone(), opts, stopped));
+            let mut work = tokio::spawn(worker::run(
+                env.store.clone(),
+                sched,
+                env.clock.clone(),
+                opts,
+                stopped,
+            ));
             let stats = tokio::select! {
                 joined = &mut work => joined??,
                 _ = stop_signal => {

@@ -85,10 +85,21 @@ pub enum Capability {
 }
 
 impl Capability {
+    /// Every capability, in the order they are listed to operators.
+    pub const ALL: [Capability; 2] = [Capability::Log, Capability::Model];
+
     pub fn name(self) -> &'static str {
         match self {
             Capability::Log => "log",
             Capability::Model => "model",
+        }
+    }
+
+    /// The WIT interface behind it, as a component names the import.
+    pub fn import(self) -> &'static str {
+        match self {
+            Capability::Log => "ratchet:stage/log@0.1.0",
+            Capability::Model => "ratchet:stage/model@0.1.0",
         }
     }
 }

@@ -4,6 +4,7 @@
 //! an attempt; it cannot take the host down.
 
 mod cache;
+mod contract;
 mod host;
 mod limits;
 mod policy;
@@ -15,17 +16,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, Linker, ResourceTable};
-use wasmtime::{
-    Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store as WasmStore, UpdateDeadline,
-};
+use wasmtime::{Engine, InstanceAllocationStrategy, Store as WasmStore, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
 use crate::clock::Clock;
 use crate::digest::sha256_hex;
+use crate::llm::ModelBackend;
 use crate::lock;
-use crate::manifest::{Capability, ManifestError, PluginManifest};
-use crate::model::ModelBackend;
-use crate::store::{Store, StoreError};
+use crate::manifest::{ManifestError, PluginManifest};
+use crate::store::{Catalog, Store, StoreError};
 use crate::text::escape_controls;
 
 pub use cache::DiskCache;
@@ -156,6 +155,8 @@ pub struct Payload {
 pub struct ExecReport {
     pub model_calls_replayed: u32,
     pub model_calls_fresh: u32,
+    /// `log` calls dropped because the attempt was not granted `log`.
+    pub log_lines_dropped: u32,
 }
 
 pub struct HostState {
@@ -174,9 +175,8 @@ pub struct PluginHost {
     disk: Option<DiskCache>,
     compiled: AtomicU64,
     from_disk: AtomicU64,
-    store: Arc<dyn Store>,
-    model: Arc<dyn ModelBackend>,
-    clock: Arc<dyn Clock>,
+    catalog: Arc<dyn Catalog>,
+    services: host::Services,
     stop_ticker: Arc<AtomicBool>,
 }
 
@@ -196,7 +196,7 @@ impl PluginHost {
         let mut config = wasmtime::Config::new();
         config.wasm_component_model(true).epoch_interruption(true);
         if let Some(slots) = host_config.pooling {
-            config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(
+            config.allocation_strategy(InstanceAllocationStrategy::Pooling(limits::pooling(
                 slots,
                 host_config.policy.caps.memory_mb,
             )));
@@ -229,9 +229,12 @@ impl PluginHost {
             disk,
             compiled: AtomicU64::new(0),
             from_disk: AtomicU64::new(0),
-            store,
-            model,
-            clock,
+            catalog: store.clone(),
+            services: host::Services {
+                journal: store,
+                model,
+                clock,
+            },
             stop_ticker,
         })
     }
@@ -340,7 +343,7 @@ impl PluginHost {
             return Ok(hit);
         }
         let record = self
-            .store
+            .catalog
             .plugin_get(digest)
             .await?
             .ok_or_else(|| PluginError::Unknown(digest.to_string()))?;
@@ -429,15 +432,10 @@ impl PluginHost {
         let store_limits =
             limits::InstanceLimits::new(usize::try_from(memory).unwrap_or(usize::MAX));
         let call = host::CallContext::new(
-            self.store.clone(),
-            self.model.clone(),
-            self.clock.clone(),
             inv.clone(),
-            host::Grants {
-                log: self.policy.grants(&plugin.manifest, Capability::Log),
-                model: self.policy.grants(&plugin.manifest, Capability::Model),
-            },
             limits.max_host_calls,
+            |capability| self.policy.grants(&plugin.manifest, capability),
+            &self.services,
         );
         let timeout = Duration::from_millis(timeout_ms);
         let mut store = self.new_store(store_limits, Some(call), timeout);
@@ -472,7 +470,7 @@ impl PluginHost {
             Ok(Err(e)) => Err(classify_trap(&e, timeout_ms, memory >> 20)),
             Ok(Ok(Err(StageError::Retryable(m)))) => Err(ExecError::Retryable(m)),
             Ok(Ok(Err(StageError::Fatal(m)))) => Err(ExecError::Fatal(m)),
-            Ok(Ok(Ok(outputs))) => check_outputs(&plugin.manifest, &limits, outputs),
+            Ok(Ok(Ok(outputs))) => contract::check_outputs(&plugin.manifest, &limits, outputs),
         };
         result.map(|o| (o, report.clone())).map_err(|e| (e, report))
     }
@@ -487,91 +485,6 @@ fn classify_trap(e: &wasmtime::Error, timeout_ms: u64, memory_mb: u64) -> ExecEr
         return ExecError::OutOfMemory(memory_mb);
     }
     ExecError::Trap(first_line(e))
-}
-
-/// Pooling allocator settings: `slots` component instances at once, each
-/// with room for the core instances, memories and tables a component built
-/// by componentize-py needs, memories up to the operator's cap.
-///
-/// A finished instance's memory and tables are reset to their initial
-/// contents by writing over what it touched, up to 1 MiB of each memory
-/// (64 KiB of each table), instead of handing the pages back to the kernel:
-/// that `madvise` made every CPU flush its TLB on every stage (`perf`: about
-/// a fifth of a fan-out's samples; ADR 0011). The cost is that much memory
-/// kept resident per used slot. `PAGEMAP_SCAN` (Linux 6.7 and later) finds
-/// the touched pages; without it the lowest MiB is reset whole.
-fn pooling(slots: u32, memory_cap_mb: u64) -> PoolingAllocationConfig {
-    let mut pool = PoolingAllocationConfig::default();
-    let max_memory = usize::try_from(memory_cap_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
-    pool.total_component_instances(slots)
-        .total_core_instances(slots.saturating_mul(16))
-        .total_memories(slots.saturating_mul(4))
-        .total_tables(slots.saturating_mul(8))
-        .total_stacks(slots)
-        .table_elements(100_000)
-        .max_memory_size(max_memory)
-        .linear_memory_keep_resident(1 << 20)
-        .table_keep_resident(1 << 16)
-        .pagemap_scan(wasmtime::Enabled::Auto);
-    pool
-}
-
-/// Longest media type an output may carry, in bytes.
-const MAX_MEDIA_TYPE: usize = 255;
-
-fn check_outputs(
-    manifest: &PluginManifest,
-    limits: &EffectiveLimits,
-    outputs: Vec<WitArtifact>,
-) -> Result<Vec<Payload>, ExecError> {
-    let max = limits.max_output_bytes;
-    let mut total = 0u64;
-    let mut seen = std::collections::BTreeSet::new();
-    for o in &outputs {
-        // Names and media types are the plugin's text: quoted escaped and
-        // bounded, never as given.
-        let quoted = |s: &str| crate::text::bounded(s, 64);
-        if !manifest.outputs.contains(&o.name) {
-            return Err(ExecError::Contract(format!(
-                "output `{}` is not declared (declared: [{}])",
-                quoted(&o.name),
-                manifest.outputs.join(", ")
-            )));
-        }
-        if !seen.insert(o.name.as_str()) {
-            return Err(ExecError::Contract(format!(
-                "output `{}` was returned twice",
-                o.name
-            )));
-        }
-        if o.media_type.len() > MAX_MEDIA_TYPE || o.media_type.chars().any(char::is_control) {
-            return Err(ExecError::Contract(format!(
-                "output `{}` has media type `{}` ({} bytes); a media type is at most {MAX_MEDIA_TYPE} bytes with no control characters",
-                o.name,
-                quoted(&o.media_type),
-                o.media_type.len()
-            )));
-        }
-        total += (o.bytes.len() + o.media_type.len()) as u64;
-    }
-    if let Some(missing) = manifest.outputs.iter().find(|n| !seen.contains(n.as_str())) {
-        return Err(ExecError::Contract(format!(
-            "declared output `{missing}` was not returned"
-        )));
-    }
-    if total > max {
-        return Err(ExecError::Contract(format!(
-            "outputs total {total} bytes with their media types, over the {max}-byte limit (raise limits.max_output_bytes)"
-        )));
-    }
-    Ok(outputs
-        .into_iter()
-        .map(|o| Payload {
-            name: o.name,
-            media_type: o.media_type,
-            bytes: o.bytes,
-        })
-        .collect())
 }
 
 /// The first line of a wasmtime error, which may quote the component's own

@@ -16,12 +16,6 @@ pub const DEFAULT_MEMORY_MB: u64 = 256;
 pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
 pub const DEFAULT_MAX_HOST_CALLS: u64 = 100_000;
 
-/// The WIT interfaces behind each capability, as a component names them.
-const CAPABILITY_IMPORTS: [(&str, Capability); 2] = [
-    ("ratchet:stage/log@0.1.0", Capability::Log),
-    ("ratchet:stage/model@0.1.0", Capability::Model),
-];
-
 /// Imports every stage may use: the shared types and the WASI interfaces,
 /// which the sandbox links with no files, sockets, environment or clocks
 /// beyond the host's defaults.
@@ -31,11 +25,13 @@ fn is_base_import(name: &str) -> bool {
 
 /// The first import the host cannot provide to any stage, as a refusal.
 pub fn unprovided_import(imports: &[String]) -> Option<String> {
-    let known = |i: &String| is_base_import(i) || CAPABILITY_IMPORTS.iter().any(|(n, _)| n == i);
+    let known = |i: &String| is_base_import(i) || capability_of(i).is_some();
     imports.iter().find(|i| !known(i)).map(|import| {
         format!(
             "the component imports `{import}`, which Ratchet does not provide to stages (provided: WASI 0.2 and {})",
-            CAPABILITY_IMPORTS.map(|(name, _)| format!("`{name}`")).join(", ")
+            Capability::ALL
+                .map(|c| format!("`{}`", c.import()))
+                .join(", ")
         )
     })
 }
@@ -80,7 +76,12 @@ struct RawPolicy {
 }
 
 fn all_grants() -> Vec<Capability> {
-    vec![Capability::Log, Capability::Model]
+    Capability::ALL.to_vec()
+}
+
+/// The capability whose interface a component imports under this name.
+fn capability_of(import: &str) -> Option<Capability> {
+    Capability::ALL.into_iter().find(|c| c.import() == import)
 }
 
 /// See the module documentation. `Policy::default()` grants every capability
@@ -150,22 +151,18 @@ impl Policy {
     /// limit is over its cap. The error is one sentence naming the culprit.
     pub fn admit(&self, manifest: &PluginManifest, imports: &[String]) -> Result<(), String> {
         for import in imports {
-            match CAPABILITY_IMPORTS.iter().find(|(name, _)| name == import) {
-                Some((_, capability)) if !manifest.capabilities.contains(capability) => {
+            match capability_of(import) {
+                Some(capability) if !manifest.capabilities.contains(&capability) => {
                     let cap = capability.name();
                     return Err(format!(
                         "the component imports `{import}` but its manifest does not ask for the `{cap}` capability; add `capabilities = [\"{cap}\"]` to the manifest"
                     ));
                 }
                 Some(_) => {}
-                None if is_base_import(import) => {}
                 None => {
-                    return Err(format!(
-                        "the component imports `{import}`, which Ratchet does not provide to stages (provided: WASI 0.2 and {})",
-                        CAPABILITY_IMPORTS
-                            .map(|(name, _)| format!("`{name}`"))
-                            .join(", ")
-                    ));
+                    if let Some(refusal) = unprovided_import(std::slice::from_ref(import)) {
+                        return Err(refusal);
+                    }
                 }
             }
         }

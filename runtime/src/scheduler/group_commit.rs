@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::SchedulerProbe;
 use crate::clock::Clock;
 use crate::store::{
-    ClaimedJob, CompleteOutcome, JobBatch, JobBatchOutcome, JobClaim, JobComplete, Store,
+    ClaimedJob, CompleteOutcome, JobBatch, JobBatchOutcome, JobClaim, JobComplete, Queue,
     StoreError,
 };
 
@@ -45,8 +45,6 @@ struct Request {
 }
 
 struct Waiter {
-    /// The completed job's run, for the probe.
-    run_id: String,
     claim_next: bool,
     reply: oneshot::Sender<Answer>,
 }
@@ -66,7 +64,7 @@ pub(super) trait CommitBatch: Send + Sync + 'static {
     ) -> impl Future<Output = Result<JobBatchOutcome, StoreError>> + Send;
 }
 
-impl CommitBatch for Arc<dyn Store> {
+impl CommitBatch for Arc<dyn Queue> {
     async fn commit(&self, batch: &JobBatch) -> Result<JobBatchOutcome, StoreError> {
         self.job_batch(batch).await
     }
@@ -80,7 +78,7 @@ pub(super) struct Claimer {
     pub probe: Option<Arc<dyn SchedulerProbe>>,
 }
 
-pub(super) struct GroupCommit<C = Arc<dyn Store>> {
+pub(super) struct GroupCommit<C = Arc<dyn Queue>> {
     committer: Arc<Committer<C>>,
     /// Committer tasks, each with a queue of its own.
     parallel: usize,
@@ -147,11 +145,7 @@ impl<C: CommitBatch> GroupCommit<C> {
         let (reply, answer) = oneshot::channel();
         let request = Request {
             complete: c,
-            waiter: Waiter {
-                run_id: run_id.to_string(),
-                claim_next,
-                reply,
-            },
+            waiter: Waiter { claim_next, reply },
         };
         queue
             .send(request)
@@ -243,7 +237,7 @@ impl<C: CommitBatch> Committer<C> {
         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
         let batch = self.batch(completions, waiters);
         let e = match self.target.commit(&batch).await {
-            Ok(outcome) => return self.answers(waiters, outcome),
+            Ok(outcome) => return self.answers(&batch, waiters, outcome),
             Err(e) if waiters.len() == 1 => return vec![Err(e)],
             Err(e) => e,
         };
@@ -255,8 +249,9 @@ impl<C: CommitBatch> Committer<C> {
         for (complete, waiter) in batch.completions.into_iter().zip(waiters) {
             self.stats.transactions.fetch_add(1, Ordering::Relaxed);
             let one = std::slice::from_ref(waiter);
-            match self.target.commit(&self.batch(vec![complete], one)).await {
-                Ok(outcome) => answers.extend(self.answers(one, outcome)),
+            let alone = self.batch(vec![complete], one);
+            match self.target.commit(&alone).await {
+                Ok(outcome) => answers.extend(self.answers(&alone, one, outcome)),
                 Err(e) => answers.push(Err(e)),
             }
         }
@@ -279,11 +274,16 @@ impl<C: CommitBatch> Committer<C> {
 
     /// Each completion's outcome, and the claimed jobs handed out in
     /// request order to those that asked.
-    fn answers(&self, waiters: &[Waiter], outcome: JobBatchOutcome) -> Vec<Answer> {
+    fn answers(
+        &self,
+        batch: &JobBatch,
+        waiters: &[Waiter],
+        outcome: JobBatchOutcome,
+    ) -> Vec<Answer> {
         if let Some(probe) = &self.claimer.probe {
-            for (waiter, completed) in waiters.iter().zip(&outcome.completed) {
+            for (complete, completed) in batch.completions.iter().zip(&outcome.completed) {
                 if let CompleteOutcome::Completed { released, .. } = completed {
-                    probe.released(&waiter.run_id, released);
+                    probe.released(&complete.job.run_id, released);
                 }
             }
         }

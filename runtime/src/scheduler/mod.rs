@@ -3,6 +3,7 @@
 //! drive it step by step in any order they like. Completions go through
 //! one group committer per scheduler (`group_commit`).
 
+mod executor;
 mod group_commit;
 
 use std::collections::{BTreeMap, HashMap};
@@ -15,11 +16,12 @@ use crate::clock::Clock;
 use crate::crash;
 use crate::digest::sha256_hex;
 use crate::lock;
-use crate::plugin::{ExecError, ExecReport, Invocation, Payload, PluginHost};
+use crate::plugin::{ExecError, ExecReport, Invocation, Payload};
 use crate::store::{
     CanonicalOutput, ClaimedJob, CompleteOutcome, FailOutcome, JobClaim, JobComplete, JobFail,
-    LeaseRenewal, LoadedInput, ProposedArtifact, Store, StoreError,
+    LeaseRenewal, LoadedInput, ProposedArtifact, Queue, StoreError,
 };
+pub use executor::StageExecutor;
 pub use group_commit::CommitStats;
 use group_commit::{Claimer, GroupCommit};
 
@@ -115,12 +117,6 @@ pub struct Finished {
     pub report: ExecReport,
 }
 
-/// A stage implemented in Rust instead of Wasm, for `ratchet bench` only:
-/// it measures the Wasm overhead by running the same pipeline without it.
-pub trait NativeStage: Send + Sync {
-    fn run(&self, inputs: Vec<Payload>) -> Result<Vec<Payload>, ExecError>;
-}
-
 /// Told when a commit released stages and when a job started executing,
 /// for `ratchet bench`'s release-latency figure.
 pub trait SchedulerProbe: Send + Sync {
@@ -129,12 +125,11 @@ pub trait SchedulerProbe: Send + Sync {
 }
 
 pub struct Scheduler {
-    store: Arc<dyn Store>,
-    host: Arc<PluginHost>,
+    store: Arc<dyn Queue>,
+    executor: Arc<dyn StageExecutor>,
     clock: Arc<dyn Clock>,
     config: SchedulerConfig,
     commits: GroupCommit,
-    native: Option<Arc<dyn NativeStage>>,
     probe: Option<Arc<dyn SchedulerProbe>>,
     /// Attempts claimed and not finished, `(job, attempt)` to the lease
     /// their claim gave them: the leases [`Scheduler::renew_leases`] extends.
@@ -147,28 +142,21 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(
-        store: Arc<dyn Store>,
-        host: Arc<PluginHost>,
+        store: Arc<dyn Queue>,
+        executor: Arc<dyn StageExecutor>,
         clock: Arc<dyn Clock>,
         config: SchedulerConfig,
     ) -> Self {
         Self {
             commits: group_commit(&store, &clock, &config, None),
             store,
-            host,
+            executor,
             clock,
             config,
-            native: None,
             probe: None,
             held: Mutex::default(),
             maybe_orphans: AtomicBool::new(false),
         }
-    }
-
-    /// Runs every stage with `native` instead of its Wasm plugin (bench only).
-    pub fn with_native(mut self, native: Arc<dyn NativeStage>) -> Self {
-        self.native = Some(native);
-        self
     }
 
     pub fn with_probe(mut self, probe: Arc<dyn SchedulerProbe>) -> Self {
@@ -176,10 +164,6 @@ impl Scheduler {
         self.commits = group_commit(&self.store, &self.clock, &self.config, probe.clone());
         self.probe = probe;
         self
-    }
-
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -273,7 +257,7 @@ impl Scheduler {
     /// moved.
     pub async fn renew_leases(&self) -> Result<u64, StoreError> {
         let now = self.clock.now_ms();
-        let longest = i64::try_from(self.host.policy().caps.timeout_ms).unwrap_or(i64::MAX);
+        let longest = i64::try_from(self.executor.longest_attempt_ms()).unwrap_or(i64::MAX);
         let lease_ms = self.config.lease_ms;
         let mut attempts: Vec<(i64, i64)> = lock(&self.held)
             .iter()
@@ -334,36 +318,16 @@ impl Scheduler {
                 bytes: artifact.bytes,
             });
         }
-        if let Some(native) = &self.native {
-            return Ok(Execution {
-                input_digests,
-                result: native.run(inputs),
-                report: ExecReport::default(),
-            });
-        }
-        let plugin = match self.host.load(&job.plugin_digest).await {
-            Ok(plugin) => plugin,
-            Err(crate::plugin::PluginError::Store(e)) => return Err(e),
-            Err(e) => {
-                return Ok(Execution {
-                    input_digests,
-                    result: Err(ExecError::Fatal(format!(
-                        "cannot load the stage's plugin: {e}"
-                    ))),
-                    report: ExecReport::default(),
-                });
-            }
-        };
         let invocation = Invocation {
             run_id: job.run_id.clone(),
             stage: job.stage.clone(),
             attempt: job.attempt,
             idempotency_key: format!("{}/{}", job.run_id, job.stage),
         };
-        let (result, report) = match self.host.execute(&plugin, &invocation, inputs).await {
-            Ok((outputs, report)) => (Ok(outputs), report),
-            Err((error, report)) => (Err(error), report),
-        };
+        let (result, report) = self
+            .executor
+            .run(&job.plugin_digest, &invocation, inputs)
+            .await?;
         crash::point("after_execute");
         Ok(Execution {
             input_digests,
@@ -540,6 +504,15 @@ impl Scheduler {
             }
         };
         log_outcome(&job, &outcome);
+        if execution.report.log_lines_dropped > 0 {
+            tracing::warn!(
+                run = %job.run_id,
+                stage = %job.stage,
+                attempt = job.attempt,
+                dropped = execution.report.log_lines_dropped,
+                "log lines dropped: the attempt is not granted the `log` capability"
+            );
+        }
         let finished = Finished {
             job,
             outcome,
@@ -550,7 +523,7 @@ impl Scheduler {
 }
 
 fn group_commit(
-    store: &Arc<dyn Store>,
+    store: &Arc<dyn Queue>,
     clock: &Arc<dyn Clock>,
     config: &SchedulerConfig,
     probe: Option<Arc<dyn SchedulerProbe>>,

@@ -249,10 +249,7 @@ pub(crate) async fn complete_many(
         return Ok(vec![CompleteOutcome::LeaseLost; batch.len()]);
     }
     let outputs_of = persist_outputs(tx, batch, &live, &plan.proposals, inserted).await?;
-    // Passed once per live attempt, as when each wrote its outputs alone.
-    for _ in &live {
-        crate::crash::point("after_persist");
-    }
+    crate::crash::point_per_attempt("after_persist", live.len());
     let success = success_of(batch, &live, &outputs_of);
     let now = success.now;
     let (satisfied, ready) = tx.record_success_and_release(&success).await?;

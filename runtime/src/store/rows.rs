@@ -152,6 +152,21 @@ pub(crate) fn fenced(row: &impl RowExt) -> Result<crate::store::complete::Fenced
 }
 
 /// A satisfied edge: `run_id, from_stage, to_stage`.
+pub(crate) fn fenced_job(row: &impl RowExt) -> Result<crate::store::fail::FencedJob> {
+    Ok(crate::store::fail::FencedJob {
+        run_id: row.text("run_id")?,
+        max_attempts: row.int("max_attempts")?,
+    })
+}
+
+pub(crate) fn lapsed_lease(row: &impl RowExt) -> Result<crate::store::fail::LapsedLease> {
+    Ok(crate::store::fail::LapsedLease {
+        job_id: row.int("id")?,
+        run_id: row.text("run_id")?,
+        attempt: row.int("attempt")?,
+    })
+}
+
 pub(crate) fn edge_satisfied(row: &impl RowExt) -> Result<crate::store::complete::EdgeSatisfied> {
     Ok(crate::store::complete::EdgeSatisfied {
         run_id: row.text("run_id")?,

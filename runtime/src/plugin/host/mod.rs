@@ -1,5 +1,14 @@
-//! Host side of the plugin's imports. Each capability is its own module; a
-//! capability not granted to the attempt answers `access-denied`.
+//! Host side of the plugin's imports: one module per capability, each with
+//! its own state and its own grant ([`Capability`]). [`CallContext`] holds
+//! one of each for an attempt, and the host-call budget they share.
+//!
+//! Denial: a denied call of an interface that returns a result answers
+//! `access-denied` (`model`); one of an interface that returns nothing
+//! (`log`) is dropped and counted in the attempt's [`ExecReport`].
+//!
+//! Adding a capability: a variant of [`Capability`] (its name and WIT
+//! import), a module here with its state and `Host` impl, and its field in
+//! [`CallContext`].
 
 mod log;
 mod model;
@@ -10,8 +19,9 @@ use wasmtime_wasi::{WasiCtxView, WasiView};
 
 use super::{ExecReport, HostState, Invocation};
 use crate::clock::Clock;
-use crate::model::ModelBackend;
-use crate::store::Store;
+use crate::llm::ModelBackend;
+use crate::manifest::Capability;
+use crate::store::Journal;
 
 /// A host-side reason to fail the attempt whatever the plugin returns: the
 /// plugin cannot swallow it.
@@ -42,57 +52,47 @@ impl HostFailure {
     }
 }
 
-/// The capabilities an attempt may use (manifest asks, policy grants).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Grants {
-    pub log: bool,
-    pub model: bool,
+/// What the capabilities are built from: the host's shared services.
+#[derive(Clone)]
+pub(crate) struct Services {
+    pub journal: Arc<dyn Journal>,
+    pub model: Arc<dyn ModelBackend>,
+    pub clock: Arc<dyn Clock>,
 }
 
 /// Per-attempt state behind the imports.
 pub(crate) struct CallContext {
-    store: Arc<dyn Store>,
-    model: Arc<dyn ModelBackend>,
-    clock: Arc<dyn Clock>,
     inv: Invocation,
-    grants: Grants,
-    next_model_call: i64,
     host_calls: u64,
     max_host_calls: u64,
-    replayed: u32,
-    fresh: u32,
+    log: log::LogCapability,
+    model: model::ModelCapability,
     pub failure: Option<HostFailure>,
 }
 
 impl CallContext {
+    /// `granted` tells whether the attempt may use a capability.
     pub fn new(
-        store: Arc<dyn Store>,
-        model: Arc<dyn ModelBackend>,
-        clock: Arc<dyn Clock>,
         inv: Invocation,
-        grants: Grants,
         max_host_calls: u64,
+        granted: impl Fn(Capability) -> bool,
+        services: &Services,
     ) -> Self {
         Self {
-            store,
-            model,
-            clock,
+            log: log::LogCapability::new(granted(Capability::Log)),
+            model: model::ModelCapability::new(granted(Capability::Model), services),
             inv,
-            grants,
-            next_model_call: 0,
             host_calls: 0,
             max_host_calls,
-            replayed: 0,
-            fresh: 0,
             failure: None,
         }
     }
 
     pub fn report(&self) -> ExecReport {
-        ExecReport {
-            model_calls_replayed: self.replayed,
-            model_calls_fresh: self.fresh,
-        }
+        let mut report = ExecReport::default();
+        self.log.report(&mut report);
+        self.model.report(&mut report);
+        report
     }
 
     fn fail(&mut self, failure: HostFailure) {

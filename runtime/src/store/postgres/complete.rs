@@ -17,8 +17,7 @@ use crate::store::rows::RowExt;
 const NOT_IN_ONE_CALL: &str = "RT001";
 
 pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome> {
-    // A crash point inside the transaction is passed only step by step.
-    let outcome = if b.completions.is_empty() || crate::crash::armed() {
+    let outcome = if b.completions.is_empty() {
         in_steps(store, b).await?
     } else {
         match in_one_call(store, b).await {
@@ -26,7 +25,6 @@ pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatc
                 if e.code().as_deref() == Some(NOT_IN_ONE_CALL) =>
             {
                 tracing::debug!("a batch is written step by step: {}", e.message());
-                store.stepped.fetch_add(1, Ordering::Relaxed);
                 in_steps(store, b).await?
             }
             other => other?,
@@ -51,6 +49,9 @@ pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatc
 
 /// The batch as one statement-by-statement transaction.
 async fn in_steps(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome> {
+    if !b.completions.is_empty() {
+        store.stepped.fetch_add(1, Ordering::Relaxed);
+    }
     let mut tx = store.begin_write().await?;
     let completed = complete::complete_many(&mut Completion(&mut tx), &b.completions).await?;
     let claimed = match &b.claim {
@@ -153,6 +154,13 @@ async fn in_one_call(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutc
             .bind(None::<&str>)
             .bind(None::<i64>),
     };
+    // The steps that `after_persist` and `after_outbox_insert` sit between
+    // all run inside this one call: here the two are one moment, before the
+    // call commits. A process that stops here leaves nothing of the batch,
+    // as one that stops between the steps does (its transaction rolls
+    // back). A batch that falls back to steps passes them again there.
+    crate::crash::point_per_attempt("after_persist", live.len());
+    crate::crash::point("after_outbox_insert");
     let rows = query.fetch_all(&store.pool).await?;
     let lease_expires_at = b.claim.as_ref().map_or(0, |c| c.now + c.lease_ms);
     let (mut satisfied, mut ready) = (Vec::new(), Vec::new());

@@ -1,11 +1,10 @@
-//! `jobs`, `edges` and `attempts`: claim, fail (completions are in
-//! `complete.rs`, locking in the order `store::complete` gives; reconcile
-//! is in `reconcile.rs`).
+//! `jobs`, `edges` and `attempts`: claim, leases, summaries (completions
+//! are in `complete.rs`, locking in the order `store::complete` gives;
+//! failures in `fail.rs`; reconcile in `reconcile.rs`).
 
 use std::collections::BTreeMap;
 
 use sqlx::Row;
-use sqlx::postgres::PgRow;
 
 use super::*;
 
@@ -125,80 +124,6 @@ pub(super) async fn leased_to(pool: &sqlx::PgPool, worker: &str) -> Result<Vec<C
         .collect()
 }
 
-/// Locks and returns the job row if `(job, attempt, worker)` holds the lease.
-pub(super) async fn fence(
-    tx: &mut Tx,
-    job_id: i64,
-    attempt: i64,
-    worker: &str,
-) -> Result<Option<PgRow>> {
-    Ok(sqlx::query(
-        "SELECT run_id, stage, plugin_digest, emits, max_attempts FROM jobs
-         WHERE id = $1 AND attempt = $2 AND lease_owner = $3 AND state = 'running'
-         FOR UPDATE",
-    )
-    .bind(job_id)
-    .bind(attempt)
-    .bind(worker)
-    .fetch_optional(&mut **tx)
-    .await?)
-}
-
-/// Marks the job dead, ends the run's other jobs and fails the run: a
-/// failed run starts nothing new. Jobs still running are cancelled too, so
-/// their attempts are fenced out when they finish and their leases are
-/// never taken over (docs/job-states.md). Jobs before the run row, as in
-/// completion.
-pub(super) async fn kill_job(
-    tx: &mut Tx,
-    job_id: i64,
-    run_id: &str,
-    error: &str,
-    now: i64,
-) -> Result<()> {
-    sqlx::query(
-        "UPDATE jobs SET state = 'dead', lease_owner = NULL, lease_expires_at = NULL,
-                last_error = $1, updated_at = $2
-         WHERE id = $3",
-    )
-    .bind(error)
-    .bind(now)
-    .bind(job_id)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(
-        "UPDATE attempts SET outcome = 'failed', finished_at = $1, error = $2
-         WHERE outcome = 'running'
-           AND job_id IN (SELECT id FROM jobs WHERE run_id = $3 AND state = 'running')",
-    )
-    .bind(now)
-    .bind(RUN_FAILED_IN_FLIGHT)
-    .bind(run_id)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(
-        "UPDATE jobs SET state = 'cancelled', lease_owner = NULL, lease_expires_at = NULL,
-                last_error = 'run failed', updated_at = $1
-         WHERE run_id = $2 AND state IN ('blocked', 'ready', 'running')",
-    )
-    .bind(now)
-    .bind(run_id)
-    .execute(&mut **tx)
-    .await?;
-    // The run's sequence value is taken last, once its jobs are locked and
-    // cancelled: a claim of them that committed first took an earlier one
-    // (ADR 0018).
-    sqlx::query(
-        "UPDATE runs SET state = 'failed', finished_at = $1, failed_seq = nextval('ratchet_seq')
-         WHERE id = $2 AND state = 'running'",
-    )
-    .bind(now)
-    .bind(run_id)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 pub(super) async fn renew(store: &PostgresStore, r: LeaseRenewal) -> Result<u64> {
     if r.attempts.is_empty() {
         return Ok(0);
@@ -226,45 +151,6 @@ pub(super) async fn renew(store: &PostgresStore, r: LeaseRenewal) -> Result<u64>
     .await?
     .rows_affected();
     Ok(renewed)
-}
-
-pub(super) async fn fail(store: &PostgresStore, f: JobFail) -> Result<FailOutcome> {
-    let mut tx = store.begin_write().await?;
-    let Some(job) = fence(&mut tx, f.job_id, f.attempt, &f.worker).await? else {
-        return Ok(FailOutcome::LeaseLost);
-    };
-    let run_id: String = job.try_get("run_id")?;
-    let max_attempts: i64 = job.try_get("max_attempts")?;
-    let outcome = if f.retryable && f.attempt < max_attempts {
-        sqlx::query(
-            "UPDATE jobs SET state = 'ready', lease_owner = NULL, lease_expires_at = NULL,
-                    next_run_at = $1, last_error = $2, updated_at = $3
-             WHERE id = $4",
-        )
-        .bind(f.retry_at)
-        .bind(&f.error)
-        .bind(f.now)
-        .bind(f.job_id)
-        .execute(&mut *tx)
-        .await?;
-        FailOutcome::Retrying { at: f.retry_at }
-    } else {
-        kill_job(&mut tx, f.job_id, &run_id, &f.error, f.now).await?;
-        FailOutcome::Dead
-    };
-    sqlx::query(
-        "UPDATE attempts SET outcome = 'failed', finished_at = $1, error = $2, input_digests = $3
-         WHERE job_id = $4 AND attempt = $5",
-    )
-    .bind(f.now)
-    .bind(&f.error)
-    .bind(to_json(&f.input_digests))
-    .bind(f.job_id)
-    .bind(f.attempt)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(outcome)
 }
 
 pub(super) async fn summary(store: &PostgresStore, now: i64) -> Result<JobSummary> {

@@ -6,6 +6,7 @@ mod artifacts;
 mod audit;
 mod bench;
 mod complete;
+mod fail;
 mod jobs;
 mod plugins;
 mod reconcile;

@@ -3,43 +3,49 @@
 use sqlx::Row;
 
 use super::*;
+use crate::store::plugin_put::{self, PluginPutTx};
 
 pub(super) async fn put(store: &PostgresStore, p: PluginPut) -> Result<PluginPutOutcome> {
     let mut tx = store.begin_write().await?;
-    let inserted = sqlx::query(
-        "INSERT INTO plugins (digest, name, version, version_key, manifest, component, size,
-                              registered_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
-    )
-    .bind(&p.digest)
-    .bind(&p.name)
-    .bind(&p.version)
-    .bind(rows::version_key_of(&p.version)?)
-    .bind(&p.manifest)
-    .bind(&p.component)
-    .bind(p.component.len() as i64)
-    .bind(p.now)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if inserted == 1 {
+    let outcome = plugin_put::put(&mut Putting(&mut tx), p).await?;
+    if outcome == PluginPutOutcome::Inserted {
         tx.commit().await?;
-        return Ok(PluginPutOutcome::Inserted);
     }
-    // Either these bytes are registered (a no-op) or the version is taken.
-    let existing: Option<String> =
-        sqlx::query_scalar("SELECT digest FROM plugins WHERE name = $1 AND version = $2")
-            .bind(&p.name)
-            .bind(&p.version)
-            .fetch_optional(&mut *tx)
-            .await?;
-    match existing {
-        Some(existing) if existing != p.digest => Err(StoreError::VersionConflict {
-            name: p.name,
-            version: p.version,
-            existing,
-        }),
-        _ => Ok(PluginPutOutcome::AlreadyPresent),
+    Ok(outcome)
+}
+
+/// The statements of `store::plugin_put` on a write transaction.
+struct Putting<'t>(&'t mut Tx);
+
+impl PluginPutTx for Putting<'_> {
+    async fn plugin_insert(&mut self, p: &PluginPut) -> Result<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO plugins (digest, name, version, version_key, manifest, component, size,
+                                  registered_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+        )
+        .bind(&p.digest)
+        .bind(&p.name)
+        .bind(&p.version)
+        .bind(rows::version_key_of(&p.version)?)
+        .bind(&p.manifest)
+        .bind(&p.component)
+        .bind(p.component.len() as i64)
+        .bind(p.now)
+        .execute(&mut **self.0)
+        .await?
+        .rows_affected();
+        Ok(inserted == 1)
+    }
+
+    async fn digest_of(&mut self, name: &str, version: &str) -> Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT digest FROM plugins WHERE name = $1 AND version = $2")
+                .bind(name)
+                .bind(version)
+                .fetch_optional(&mut **self.0)
+                .await?,
+        )
     }
 }
 
@@ -110,7 +116,7 @@ pub(super) async fn manifests(
     )
 }
 
-/// A page of [`Store::plugin_candidates`]: `plugins_by_version` walked
+/// A page of [`Catalog::plugin_candidates`]: `plugins_by_version` walked
 /// backwards from the range's top.
 pub(super) async fn candidates(
     store: &PostgresStore,

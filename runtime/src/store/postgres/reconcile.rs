@@ -1,45 +1,18 @@
 //! Reconcile's batches (`store/reconcile.rs`), each one transaction.
 
 use async_trait::async_trait;
-use sqlx::Row;
 
 use super::*;
-use crate::store::reconcile::{LAPSED_ON_LAST_ATTEMPT, ReconcileBatches};
+use crate::store::reconcile::ReconcileBatches;
 
 #[async_trait]
 impl ReconcileBatches for PostgresStore {
     async fn end_lapsed_leases(&self, now: i64, limit: usize) -> Result<u64> {
         let mut tx = self.begin_write().await?;
-        let lapsed = sqlx::query(
-            "SELECT id, run_id, attempt FROM jobs
-             WHERE state = 'running' AND lease_expires_at <= $1 AND attempt >= max_attempts
-             ORDER BY id LIMIT $2
-             FOR UPDATE SKIP LOCKED",
-        )
-        .bind(now)
-        .bind(limit as i64)
-        .fetch_all(&mut *tx)
-        .await?;
-        for row in &lapsed {
-            let (job_id, run_id, attempt): (i64, String, i64) = (
-                row.try_get("id")?,
-                row.try_get("run_id")?,
-                row.try_get("attempt")?,
-            );
-            sqlx::query(
-                "UPDATE attempts SET outcome = 'lease_expired', finished_at = $1, error = $2
-                 WHERE job_id = $3 AND attempt = $4 AND outcome = 'running'",
-            )
-            .bind(now)
-            .bind(LAPSED_ON_LAST_ATTEMPT)
-            .bind(job_id)
-            .bind(attempt)
-            .execute(&mut *tx)
-            .await?;
-            jobs::kill_job(&mut tx, job_id, &run_id, LAPSED_ON_LAST_ATTEMPT, now).await?;
-        }
+        let mut failing = super::fail::Failing(&mut tx);
+        let ended = crate::store::fail::end_lapsed_leases(&mut failing, now, limit).await?;
         tx.commit().await?;
-        Ok(lapsed.len() as u64)
+        Ok(ended)
     }
 
     async fn running_runs(&self, after: &str, limit: usize) -> Result<Vec<String>> {

@@ -1,91 +1,112 @@
 //! `runs`, with the jobs, edges and input bindings created beside them.
 
 use super::*;
+use crate::store::submit::{self, SubmitTx};
 
 pub(super) async fn submit(store: &PostgresStore, r: RunSubmit) -> Result<RunSubmitOutcome> {
     let mut tx = store.begin_write().await?;
-    let inserted = sqlx::query(
-        "INSERT INTO runs (id, pipeline, state, idempotency_key, created_at)
-         VALUES ($1, $2, 'running', $3, $4) ON CONFLICT (idempotency_key) DO NOTHING",
-    )
-    .bind(&r.run_id)
-    .bind(&r.pipeline)
-    .bind(&r.idempotency_key)
-    .bind(r.now)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if inserted == 0 {
-        let existing: String = sqlx::query_scalar("SELECT id FROM runs WHERE idempotency_key = $1")
-            .bind(&r.idempotency_key)
-            .fetch_one(&mut *tx)
-            .await?;
-        return Ok(RunSubmitOutcome::Existing(existing));
+    let outcome = submit::submit(&mut Submitting(&mut tx), r).await?;
+    if matches!(outcome, RunSubmitOutcome::Created(_)) {
+        tx.commit().await?;
     }
-    let states = r.initial_states();
-    let input = ArtifactPut {
-        run_id: r.run_id.clone(),
-        stage: RUN_INPUT_STAGE.to_string(),
-        output: RUN_INPUT_OUTPUT.to_string(),
-        media_type: "application/octet-stream".to_string(),
-        digest: crate::digest::sha256_hex(&r.input),
-        bytes: r.input,
-        attempt: 0,
-        plugin_digest: None,
-        now: r.now,
-    };
-    artifacts::put_canonical_tx(&mut tx, input.borrowed()).await?;
-    // Each table's rows in one statement, as arrays, in order: a job's id
-    // follows its place in the pipeline.
-    sqlx::query(
-        "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
-                           max_attempts, next_run_at, created_at, updated_at)
-         SELECT $1, j.stage, j.plugin_digest, j.outputs, j.emits, j.state, j.pending,
-                j.max_attempts, $2, $2, $2
-         FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[],
-                     $9::bigint[])
-              WITH ORDINALITY AS j (stage, plugin_digest, outputs, emits, state, pending,
-                                    max_attempts, n)
-         ORDER BY j.n",
-    )
-    .bind(&r.run_id)
-    .bind(r.now)
-    .bind(column(&r.jobs, |j| j.stage.as_str()))
-    .bind(column(&r.jobs, |j| j.plugin_digest.as_str()))
-    .bind(column(&r.jobs, |j| to_json(&j.outputs)))
-    .bind(column(&r.jobs, |j| to_json(&j.emits)))
-    .bind(column(&states, |(state, _)| *state))
-    .bind(column(&states, |(_, pending)| *pending))
-    .bind(column(&r.jobs, |j| j.max_attempts))
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "INSERT INTO edges (run_id, from_stage, to_stage, kind)
-         SELECT $1, e.from_stage, e.to_stage, e.kind
-         FROM UNNEST($2::text[], $3::text[], $4::text[]) AS e (from_stage, to_stage, kind)",
-    )
-    .bind(&r.run_id)
-    .bind(column(&r.edges, |e| e.from_stage.as_str()))
-    .bind(column(&r.edges, |e| e.to_stage.as_str()))
-    .bind(column(&r.edges, |e| e.kind.as_str()))
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "INSERT INTO job_inputs (run_id, stage, input, from_stage, from_output)
-         SELECT $1, b.stage, b.input, b.from_stage, b.from_output
-         FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[])
-              AS b (stage, input, from_stage, from_output)",
-    )
-    .bind(&r.run_id)
-    .bind(column(&r.inputs, |b| b.stage.as_str()))
-    .bind(column(&r.inputs, |b| b.input.as_str()))
-    .bind(column(&r.inputs, |b| b.from_stage.as_str()))
-    .bind(column(&r.inputs, |b| b.from_output.as_str()))
-    .execute(&mut *tx)
-    .await?;
-    notify_ready(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(RunSubmitOutcome::Created(r.run_id))
+    Ok(outcome)
+}
+
+/// The statements of `store::submit` on a write transaction; the rows of a
+/// table go as one array per column.
+struct Submitting<'t>(&'t mut Tx);
+
+impl SubmitTx for Submitting<'_> {
+    async fn run_insert(&mut self, r: &RunSubmit) -> Result<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO runs (id, pipeline, state, idempotency_key, created_at)
+             VALUES ($1, $2, 'running', $3, $4) ON CONFLICT (idempotency_key) DO NOTHING",
+        )
+        .bind(&r.run_id)
+        .bind(&r.pipeline)
+        .bind(&r.idempotency_key)
+        .bind(r.now)
+        .execute(&mut **self.0)
+        .await?
+        .rows_affected();
+        Ok(inserted > 0)
+    }
+
+    async fn run_of_key(&mut self, key: &str) -> Result<String> {
+        Ok(
+            sqlx::query_scalar("SELECT id FROM runs WHERE idempotency_key = $1")
+                .bind(key)
+                .fetch_one(&mut **self.0)
+                .await?,
+        )
+    }
+
+    async fn input_insert(&mut self, input: CanonicalPut<'_>) -> Result<()> {
+        artifacts::put_canonical_tx(self.0, input).await?;
+        Ok(())
+    }
+
+    async fn jobs_insert(&mut self, r: &RunSubmit, states: &[(&str, i64)]) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
+                               max_attempts, next_run_at, created_at, updated_at)
+             SELECT $1, j.stage, j.plugin_digest, j.outputs, j.emits, j.state, j.pending,
+                    j.max_attempts, $2, $2, $2
+             FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+                         $8::bigint[], $9::bigint[])
+                  WITH ORDINALITY AS j (stage, plugin_digest, outputs, emits, state, pending,
+                                        max_attempts, n)
+             ORDER BY j.n",
+        )
+        .bind(&r.run_id)
+        .bind(r.now)
+        .bind(column(&r.jobs, |j| j.stage.as_str()))
+        .bind(column(&r.jobs, |j| j.plugin_digest.as_str()))
+        .bind(column(&r.jobs, |j| to_json(&j.outputs)))
+        .bind(column(&r.jobs, |j| to_json(&j.emits)))
+        .bind(column(states, |(state, _)| *state))
+        .bind(column(states, |(_, pending)| *pending))
+        .bind(column(&r.jobs, |j| j.max_attempts))
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn edges_insert(&mut self, r: &RunSubmit) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO edges (run_id, from_stage, to_stage, kind)
+             SELECT $1, e.from_stage, e.to_stage, e.kind
+             FROM UNNEST($2::text[], $3::text[], $4::text[]) AS e (from_stage, to_stage, kind)",
+        )
+        .bind(&r.run_id)
+        .bind(column(&r.edges, |e| e.from_stage.as_str()))
+        .bind(column(&r.edges, |e| e.to_stage.as_str()))
+        .bind(column(&r.edges, |e| e.kind.as_str()))
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn inputs_insert(&mut self, r: &RunSubmit) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO job_inputs (run_id, stage, input, from_stage, from_output)
+             SELECT $1, b.stage, b.input, b.from_stage, b.from_output
+             FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[])
+                  AS b (stage, input, from_stage, from_output)",
+        )
+        .bind(&r.run_id)
+        .bind(column(&r.inputs, |b| b.stage.as_str()))
+        .bind(column(&r.inputs, |b| b.input.as_str()))
+        .bind(column(&r.inputs, |b| b.from_stage.as_str()))
+        .bind(column(&r.inputs, |b| b.from_output.as_str()))
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn announce_ready(&mut self) -> Result<()> {
+        notify_ready(&mut **self.0).await
+    }
 }
 
 pub(super) async fn get(store: &PostgresStore, run_id: &str) -> Result<Option<RunRow>> {

@@ -53,7 +53,7 @@ impl PostgresStore {
     /// Has each of this store's open connections send its pending
     /// statistics to the server now (`pg_stat_force_next_flush`; an idle
     /// connection sends them within about ten seconds otherwise), so that
-    /// [`Store::jobs_vacuum`] sees all the work done through this store.
+    /// [`Queue::jobs_vacuum`] sees all the work done through this store.
     /// For tests and diagnostics.
     pub async fn statistics_flush(&self) -> Result<()> {
         let mut held = Vec::new();

@@ -1,11 +1,11 @@
-//! `jobs`, `edges` and `attempts`: claim, fail (completions are in
-//! `complete.rs`, reconcile in `reconcile.rs`).
+//! `jobs`, `edges` and `attempts`: claim, leases, summaries (completions
+//! are in `complete.rs`, failures in `fail.rs`, reconcile in
+//! `reconcile.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
 
 use super::*;
 
@@ -155,78 +155,6 @@ pub(super) async fn leased_to(pool: &sqlx::SqlitePool, worker: &str) -> Result<V
         .collect()
 }
 
-/// The job row, if `(job, attempt, worker)` still holds the lease.
-pub(super) async fn fence(
-    tx: &mut Tx<'_>,
-    job_id: i64,
-    attempt: i64,
-    worker: &str,
-) -> Result<Option<SqliteRow>> {
-    Ok(sqlx::query(
-        "SELECT run_id, stage, plugin_digest, emits, max_attempts FROM jobs
-         WHERE id = ? AND attempt = ? AND lease_owner = ? AND state = 'running'",
-    )
-    .bind(job_id)
-    .bind(attempt)
-    .bind(worker)
-    .fetch_optional(&mut **tx)
-    .await?)
-}
-
-/// Marks the job dead, ends the run's other jobs and fails the run: a
-/// failed run starts nothing new. Jobs still running are cancelled too, so
-/// their attempts are fenced out when they finish and their leases are
-/// never taken over (docs/job-states.md).
-pub(super) async fn kill_job(
-    tx: &mut Tx<'_>,
-    job_id: i64,
-    run_id: &str,
-    error: &str,
-    now: i64,
-) -> Result<()> {
-    sqlx::query(
-        "UPDATE jobs SET state = 'dead', lease_owner = NULL, lease_expires_at = NULL,
-                last_error = ?, updated_at = ?
-         WHERE id = ?",
-    )
-    .bind(error)
-    .bind(now)
-    .bind(job_id)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(
-        "UPDATE attempts SET outcome = 'failed', finished_at = ?1, error = ?2
-         WHERE outcome = 'running'
-           AND job_id IN (SELECT id FROM jobs WHERE run_id = ?3 AND state = 'running')",
-    )
-    .bind(now)
-    .bind(RUN_FAILED_IN_FLIGHT)
-    .bind(run_id)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(
-        "UPDATE jobs SET state = 'cancelled', lease_owner = NULL, lease_expires_at = NULL,
-                last_error = 'run failed', updated_at = ?
-         WHERE run_id = ? AND state IN ('blocked', 'ready', 'running')",
-    )
-    .bind(now)
-    .bind(run_id)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(
-        "UPDATE counters SET value = value + 1
-         WHERE name = 'seq' AND EXISTS (SELECT 1 FROM runs WHERE id = ?2 AND state = 'running');
-         UPDATE runs SET state = 'failed', finished_at = ?1,
-                failed_seq = (SELECT value FROM counters WHERE name = 'seq')
-         WHERE id = ?2 AND state = 'running'",
-    )
-    .bind(now)
-    .bind(run_id)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 /// One statement reading `?1`, a JSON document (see `complete.rs`); the
 /// attempts are few (at most a worker's slots) and the job's own is found
 /// by its id.
@@ -255,46 +183,6 @@ pub(super) async fn renew(store: &SqliteStore, r: LeaseRenewal) -> Result<u64> {
     .rows_affected();
     store.commit(tx).await?;
     Ok(renewed)
-}
-
-pub(super) async fn fail(store: &SqliteStore, f: JobFail) -> Result<FailOutcome> {
-    let mut writer = store.writer.lock().await;
-    let mut tx = begin_write(&mut writer).await?;
-    let Some(job) = fence(&mut tx, f.job_id, f.attempt, &f.worker).await? else {
-        return Ok(FailOutcome::LeaseLost);
-    };
-    let run_id: String = job.try_get("run_id")?;
-    let max_attempts: i64 = job.try_get("max_attempts")?;
-    let outcome = if f.retryable && f.attempt < max_attempts {
-        sqlx::query(
-            "UPDATE jobs SET state = 'ready', lease_owner = NULL, lease_expires_at = NULL,
-                    next_run_at = ?, last_error = ?, updated_at = ?
-             WHERE id = ?",
-        )
-        .bind(f.retry_at)
-        .bind(&f.error)
-        .bind(f.now)
-        .bind(f.job_id)
-        .execute(&mut *tx)
-        .await?;
-        FailOutcome::Retrying { at: f.retry_at }
-    } else {
-        kill_job(&mut tx, f.job_id, &run_id, &f.error, f.now).await?;
-        FailOutcome::Dead
-    };
-    sqlx::query(
-        "UPDATE attempts SET outcome = 'failed', finished_at = ?, error = ?, input_digests = ?
-         WHERE job_id = ? AND attempt = ?",
-    )
-    .bind(f.now)
-    .bind(&f.error)
-    .bind(to_json(&f.input_digests))
-    .bind(f.job_id)
-    .bind(f.attempt)
-    .execute(&mut *tx)
-    .await?;
-    store.commit(tx).await?;
-    Ok(outcome)
 }
 
 pub(super) async fn summary(store: &SqliteStore, now: i64) -> Result<JobSummary> {

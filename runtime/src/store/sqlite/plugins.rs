@@ -3,51 +3,53 @@
 use sqlx::Row;
 
 use super::*;
+use crate::store::plugin_put::{self, PluginPutTx};
 
 const SUMMARY_COLUMNS: &str = "digest, name, version, manifest, size, registered_at, yanked";
 
 pub(super) async fn put(store: &SqliteStore, p: PluginPut) -> Result<PluginPutOutcome> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
-    let existing: Option<String> =
-        sqlx::query_scalar("SELECT digest FROM plugins WHERE name = ? AND version = ?")
-            .bind(&p.name)
-            .bind(&p.version)
-            .fetch_optional(&mut *tx)
-            .await?;
-    if let Some(existing) = existing {
-        return if existing == p.digest {
-            Ok(PluginPutOutcome::AlreadyPresent)
-        } else {
-            Err(StoreError::VersionConflict {
-                name: p.name,
-                version: p.version,
-                existing,
-            })
-        };
+    let outcome = plugin_put::put(&mut Putting(&mut tx), p).await?;
+    if outcome == PluginPutOutcome::Inserted {
+        store.commit(tx).await?;
     }
-    let inserted = sqlx::query(
-        "INSERT INTO plugins (digest, name, version, version_key, manifest, component, size,
-                              registered_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (digest) DO NOTHING",
-    )
-    .bind(&p.digest)
-    .bind(&p.name)
-    .bind(&p.version)
-    .bind(rows::version_key_of(&p.version)?)
-    .bind(&p.manifest)
-    .bind(&p.component)
-    .bind(p.component.len() as i64)
-    .bind(p.now)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    store.commit(tx).await?;
-    Ok(if inserted == 1 {
-        PluginPutOutcome::Inserted
-    } else {
-        PluginPutOutcome::AlreadyPresent
-    })
+    Ok(outcome)
+}
+
+/// The statements of `store::plugin_put` on the writer's transaction.
+struct Putting<'t, 'c>(&'t mut Tx<'c>);
+
+impl PluginPutTx for Putting<'_, '_> {
+    async fn plugin_insert(&mut self, p: &PluginPut) -> Result<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO plugins (digest, name, version, version_key, manifest, component, size,
+                                  registered_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        )
+        .bind(&p.digest)
+        .bind(&p.name)
+        .bind(&p.version)
+        .bind(rows::version_key_of(&p.version)?)
+        .bind(&p.manifest)
+        .bind(&p.component)
+        .bind(p.component.len() as i64)
+        .bind(p.now)
+        .execute(&mut **self.0)
+        .await?
+        .rows_affected();
+        Ok(inserted == 1)
+    }
+
+    async fn digest_of(&mut self, name: &str, version: &str) -> Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT digest FROM plugins WHERE name = ? AND version = ?")
+                .bind(name)
+                .bind(version)
+                .fetch_optional(&mut **self.0)
+                .await?,
+        )
+    }
 }
 
 pub(super) async fn get(store: &SqliteStore, digest: &str) -> Result<Option<PluginRecord>> {
@@ -123,7 +125,7 @@ pub(super) async fn manifests(
     .await?)
 }
 
-/// A page of [`Store::plugin_candidates`]: `plugins_by_version` walked
+/// A page of [`Catalog::plugin_candidates`]: `plugins_by_version` walked
 /// backwards from the range's top.
 pub(super) async fn candidates(
     store: &SqliteStore,

@@ -1,10 +1,9 @@
 //! Reconcile's batches (`store/reconcile.rs`), each one write transaction.
 
 use async_trait::async_trait;
-use sqlx::Row;
 
 use super::*;
-use crate::store::reconcile::{LAPSED_ON_LAST_ATTEMPT, ReconcileBatches};
+use crate::store::reconcile::ReconcileBatches;
 
 /// The runs of one batch, bound as a JSON array.
 const BATCH_RUNS: &str = "(SELECT value FROM json_each(?1))";
@@ -14,35 +13,10 @@ impl ReconcileBatches for SqliteStore {
     async fn end_lapsed_leases(&self, now: i64, limit: usize) -> Result<u64> {
         let mut writer = self.writer.lock().await;
         let mut tx = begin_write(&mut writer).await?;
-        let lapsed = sqlx::query(concat!(
-            "SELECT id, run_id, attempt FROM jobs WHERE state = 'running' AND ",
-            live!(),
-            " AND lease_expires_at <= ?1 AND attempt >= max_attempts ORDER BY id LIMIT ?2"
-        ))
-        .bind(now)
-        .bind(limit as i64)
-        .fetch_all(&mut *tx)
-        .await?;
-        for row in &lapsed {
-            let (job_id, run_id, attempt): (i64, String, i64) = (
-                row.try_get("id")?,
-                row.try_get("run_id")?,
-                row.try_get("attempt")?,
-            );
-            sqlx::query(
-                "UPDATE attempts SET outcome = 'lease_expired', finished_at = ?, error = ?
-                 WHERE job_id = ? AND attempt = ? AND outcome = 'running'",
-            )
-            .bind(now)
-            .bind(LAPSED_ON_LAST_ATTEMPT)
-            .bind(job_id)
-            .bind(attempt)
-            .execute(&mut *tx)
-            .await?;
-            jobs::kill_job(&mut tx, job_id, &run_id, LAPSED_ON_LAST_ATTEMPT, now).await?;
-        }
+        let mut failing = super::fail::Failing(&mut tx);
+        let ended = crate::store::fail::end_lapsed_leases(&mut failing, now, limit).await?;
         self.commit(tx).await?;
-        Ok(lapsed.len() as u64)
+        Ok(ended)
     }
 
     async fn running_runs(&self, after: &str, limit: usize) -> Result<Vec<String>> {

@@ -1,119 +1,135 @@
 //! `runs`, with the jobs, edges and input bindings created beside them.
 
 use super::*;
+use crate::store::submit::{self, SubmitTx};
 
 pub(super) async fn submit(store: &SqliteStore, r: RunSubmit) -> Result<RunSubmitOutcome> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
-    if let Some(key) = &r.idempotency_key {
-        let existing: Option<String> =
-            sqlx::query_scalar("SELECT id FROM runs WHERE idempotency_key = ?")
-                .bind(key)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if let Some(existing) = existing {
-            return Ok(RunSubmitOutcome::Existing(existing));
-        }
+    let outcome = submit::submit(&mut Submitting(&mut tx), r).await?;
+    if matches!(outcome, RunSubmitOutcome::Created(_)) {
+        store.commit(tx).await?;
     }
-    sqlx::query(
-        "INSERT INTO runs (id, pipeline, state, idempotency_key, created_at, unfinished)
-         VALUES (?, ?, 'running', ?, ?, ?)",
-    )
-    .bind(&r.run_id)
-    .bind(&r.pipeline)
-    .bind(&r.idempotency_key)
-    .bind(r.now)
-    .bind(r.jobs.len() as i64)
-    .execute(&mut *tx)
-    .await?;
-    let states = r.initial_states();
-    let input = ArtifactPut {
-        run_id: r.run_id.clone(),
-        stage: RUN_INPUT_STAGE.to_string(),
-        output: RUN_INPUT_OUTPUT.to_string(),
-        media_type: "application/octet-stream".to_string(),
-        digest: crate::digest::sha256_hex(&r.input),
-        bytes: r.input,
-        attempt: 0,
-        plugin_digest: None,
-        now: r.now,
-    };
-    artifacts::put_canonical_tx(&mut tx, input.borrowed()).await?;
-    // Each table's rows in one statement (see `complete.rs`), in order: a
-    // job's id follows its place in the pipeline.
-    let jobs: Vec<_> = r
-        .jobs
-        .iter()
-        .zip(&states)
-        .map(|(job, (state, pending))| {
-            let (outputs, emits) = (to_json(&job.outputs), to_json(&job.emits));
-            let (stage, plugin) = (&job.stage, &job.plugin_digest);
-            (
-                stage,
-                plugin,
-                outputs,
-                emits,
-                state,
-                pending,
-                job.max_attempts,
-            )
-        })
-        .collect();
-    let jobs = to_json(&jobs);
-    sqlx::query(
-        "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
-                           max_attempts, next_run_at, created_at, updated_at)
-         SELECT ?1, j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4,
-                j.value ->> 5, j.value ->> 6, ?2, ?2, ?2
-         FROM jsonb_each(?3) AS j ORDER BY j.key",
-    )
-    .bind(&r.run_id)
-    .bind(r.now)
-    .bind(jobs)
-    .execute(&mut *tx)
-    .await?;
-    let edges: Vec<_> = r
-        .edges
-        .iter()
-        .map(|e| (&e.from_stage, &e.to_stage, e.kind.as_str()))
-        .collect();
-    let edges = to_json(&edges);
-    insert_rows(
-        &mut tx,
-        "INSERT INTO edges (run_id, from_stage, to_stage, kind)
-         SELECT ?1, e.value ->> 0, e.value ->> 1, e.value ->> 2 FROM jsonb_each(?2) AS e",
-        &r.run_id,
-        edges,
-    )
-    .await?;
-    let inputs: Vec<_> = r
-        .inputs
-        .iter()
-        .map(|b| (&b.stage, &b.input, &b.from_stage, &b.from_output))
-        .collect();
-    let inputs = to_json(&inputs);
-    insert_rows(
-        &mut tx,
-        "INSERT INTO job_inputs (run_id, stage, input, from_stage, from_output)
-         SELECT ?1, b.value ->> 0, b.value ->> 1, b.value ->> 2, b.value ->> 3
-         FROM jsonb_each(?2) AS b",
-        &r.run_id,
-        inputs,
-    )
-    .await?;
-    store.commit(tx).await?;
-    Ok(RunSubmitOutcome::Created(r.run_id))
+    Ok(outcome)
 }
 
-/// A run's rows of one table in one statement: `sql` reads the run's id
-/// from `?1` and the rows, a JSON list, from `?2`.
-async fn insert_rows(tx: &mut Tx<'_>, sql: &'static str, run_id: &str, rows: String) -> Result<()> {
-    sqlx::query(sql)
-        .bind(run_id)
-        .bind(rows)
-        .execute(&mut **tx)
+/// The statements of `store::submit` on the writer's transaction; the rows
+/// of a table go as one JSON list (see `complete.rs`).
+struct Submitting<'t, 'c>(&'t mut Tx<'c>);
+
+impl Submitting<'_, '_> {
+    /// A run's rows of one table in one statement: `sql` reads the run's id
+    /// from `?1` and the rows, a JSON list, from `?2`.
+    async fn insert_rows(&mut self, sql: &'static str, run_id: &str, rows: String) -> Result<()> {
+        sqlx::query(sql)
+            .bind(run_id)
+            .bind(rows)
+            .execute(&mut **self.0)
+            .await?;
+        Ok(())
+    }
+}
+
+impl SubmitTx for Submitting<'_, '_> {
+    async fn run_insert(&mut self, r: &RunSubmit) -> Result<bool> {
+        let inserted = sqlx::query(
+            "INSERT INTO runs (id, pipeline, state, idempotency_key, created_at, unfinished)
+             VALUES (?, ?, 'running', ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",
+        )
+        .bind(&r.run_id)
+        .bind(&r.pipeline)
+        .bind(&r.idempotency_key)
+        .bind(r.now)
+        .bind(r.jobs.len() as i64)
+        .execute(&mut **self.0)
+        .await?
+        .rows_affected();
+        Ok(inserted > 0)
+    }
+
+    async fn run_of_key(&mut self, key: &str) -> Result<String> {
+        Ok(
+            sqlx::query_scalar("SELECT id FROM runs WHERE idempotency_key = ?")
+                .bind(key)
+                .fetch_one(&mut **self.0)
+                .await?,
+        )
+    }
+
+    async fn input_insert(&mut self, input: CanonicalPut<'_>) -> Result<()> {
+        artifacts::put_canonical_tx(self.0, input).await?;
+        Ok(())
+    }
+
+    async fn jobs_insert(&mut self, r: &RunSubmit, states: &[(&str, i64)]) -> Result<()> {
+        let jobs: Vec<_> = r
+            .jobs
+            .iter()
+            .zip(states)
+            .map(|(job, (state, pending))| {
+                let (outputs, emits) = (to_json(&job.outputs), to_json(&job.emits));
+                let (stage, plugin) = (&job.stage, &job.plugin_digest);
+                (
+                    stage,
+                    plugin,
+                    outputs,
+                    emits,
+                    state,
+                    pending,
+                    job.max_attempts,
+                )
+            })
+            .collect();
+        sqlx::query(
+            "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
+                               max_attempts, next_run_at, created_at, updated_at)
+             SELECT ?1, j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3,
+                    j.value ->> 4, j.value ->> 5, j.value ->> 6, ?2, ?2, ?2
+             FROM jsonb_each(?3) AS j ORDER BY j.key",
+        )
+        .bind(&r.run_id)
+        .bind(r.now)
+        .bind(to_json(&jobs))
+        .execute(&mut **self.0)
         .await?;
-    Ok(())
+        Ok(())
+    }
+
+    async fn edges_insert(&mut self, r: &RunSubmit) -> Result<()> {
+        let edges: Vec<_> = r
+            .edges
+            .iter()
+            .map(|e| (&e.from_stage, &e.to_stage, e.kind.as_str()))
+            .collect();
+        self.insert_rows(
+            "INSERT INTO edges (run_id, from_stage, to_stage, kind)
+             SELECT ?1, e.value ->> 0, e.value ->> 1, e.value ->> 2 FROM jsonb_each(?2) AS e",
+            &r.run_id,
+            to_json(&edges),
+        )
+        .await
+    }
+
+    async fn inputs_insert(&mut self, r: &RunSubmit) -> Result<()> {
+        let inputs: Vec<_> = r
+            .inputs
+            .iter()
+            .map(|b| (&b.stage, &b.input, &b.from_stage, &b.from_output))
+            .collect();
+        self.insert_rows(
+            "INSERT INTO job_inputs (run_id, stage, input, from_stage, from_output)
+             SELECT ?1, b.value ->> 0, b.value ->> 1, b.value ->> 2, b.value ->> 3
+             FROM jsonb_each(?2) AS b",
+            &r.run_id,
+            to_json(&inputs),
+        )
+        .await
+    }
+
+    /// Workers in this process are woken by the submitter; others poll.
+    async fn announce_ready(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 pub(super) async fn get(store: &SqliteStore, run_id: &str) -> Result<Option<RunRow>> {

@@ -1,10 +1,17 @@
-//! Parameter, row and outcome types of the [`Store`](super::Store) trait.
+//! Parameter, row and outcome types of the store's roles
+//! ([`Store`](super::Store)): the registry's in `plugins.rs`, the audit's in
+//! `audit.rs`.
+
+mod audit;
+mod plugins;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 pub use crate::graph::{EdgeKind, InputBinding, NewEdge, RUN_INPUT_OUTPUT, RUN_INPUT_STAGE};
+pub use audit::*;
+pub use plugins::*;
 
 /// The error recorded on an attempt that was still running when another
 /// stage of its run died: its job is cancelled and its result discarded.
@@ -82,112 +89,6 @@ impl RunState {
 impl std::fmt::Display for RunState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.pad(self.as_str())
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct PluginPut {
-    pub digest: String,
-    pub name: String,
-    pub version: String,
-    pub manifest: String,
-    pub component: Vec<u8>,
-    pub now: i64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PluginPutOutcome {
-    Inserted,
-    AlreadyPresent,
-}
-
-#[derive(Debug, Clone)]
-pub struct PluginRecord {
-    pub summary: PluginSummary,
-    pub component: Vec<u8>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct PluginSummary {
-    pub digest: String,
-    pub name: String,
-    pub version: String,
-    pub manifest: String,
-    pub size: i64,
-    pub registered_at: i64,
-    pub yanked: bool,
-}
-
-/// One registered version, without its manifest or component: what
-/// resolving a requirement reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PluginVersion {
-    pub digest: String,
-    pub name: String,
-    pub version: semver::Version,
-    pub yanked: bool,
-}
-
-/// A key that sorts like semver precedence down to the pre-release: the
-/// three numbers zero-padded to 20 digits (every `u64`), then `1` for a
-/// release or `0` for a pre-release (which sorts below its release).
-/// Pre-releases of one version share a key; build metadata is ignored.
-pub fn version_key(v: &semver::Version) -> String {
-    triple_key((v.major, v.minor, v.patch), v.pre.is_empty())
-}
-
-fn triple_key((major, minor, patch): (u64, u64, u64), release: bool) -> String {
-    format!("{major:020}{minor:020}{patch:020}{}", u8::from(release))
-}
-
-/// The [`version_key`]s a requirement can match, a superset cut at
-/// major.minor.patch: what [`Store::plugin_candidates`](super::Store)
-/// walks, highest first.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VersionKeyRange {
-    pub lowest: String,
-    pub highest: String,
-    /// No comparator names a pre-release, so none can match (semver).
-    pub releases_only: bool,
-}
-
-impl VersionKeyRange {
-    pub fn of(req: &semver::VersionReq) -> Self {
-        const ALL: ((u64, u64, u64), (u64, u64, u64)) = ((0, 0, 0), (u64::MAX, u64::MAX, u64::MAX));
-        let (mut lowest, mut highest) = ALL;
-        for c in &req.comparators {
-            let (low, high) = comparator_range(c);
-            lowest = lowest.max(low);
-            highest = highest.min(high);
-        }
-        Self {
-            lowest: triple_key(lowest, false),
-            highest: triple_key(highest, true),
-            releases_only: req.comparators.iter().all(|c| c.pre.is_empty()),
-        }
-    }
-}
-
-/// The major.minor.patch triples one comparator can match, inclusive.
-fn comparator_range(c: &semver::Comparator) -> ((u64, u64, u64), (u64, u64, u64)) {
-    use semver::Op;
-    const MAX: u64 = u64::MAX;
-    let (major, minor, patch) = (c.major, c.minor, c.patch);
-    let floor = (major, minor.unwrap_or(0), patch.unwrap_or(0));
-    let ceiling = (major, minor.unwrap_or(MAX), patch.unwrap_or(MAX));
-    match c.op {
-        Op::Exact | Op::Wildcard => (floor, ceiling),
-        Op::Greater | Op::GreaterEq => (floor, (MAX, MAX, MAX)),
-        Op::Less | Op::LessEq => ((0, 0, 0), ceiling),
-        Op::Tilde => (floor, (major, minor.unwrap_or(MAX), MAX)),
-        Op::Caret => match (major, minor, patch) {
-            (0, Some(0), Some(patch)) => (floor, (0, 0, patch)),
-            (0, Some(minor), _) => (floor, (0, minor, MAX)),
-            (0, None, _) => (floor, (0, MAX, MAX)),
-            (major, _, _) => (floor, (major, MAX, MAX)),
-        },
-        // An operator this code does not know: every version.
-        _ => ((0, 0, 0), (MAX, MAX, MAX)),
     }
 }
 
@@ -298,7 +199,7 @@ pub struct ClaimedJob {
     /// The job's canonical inputs, when the claim read them in its own
     /// transaction (SQLite always, Postgres in a batch); `None` when they
     /// are still to be read
-    /// ([`Store::job_inputs_load`](super::Store::job_inputs_load)).
+    /// ([`Queue::job_inputs_load`](crate::store::Queue::job_inputs_load)).
     pub inputs: Option<Vec<LoadedInput>>,
 }
 
@@ -387,7 +288,7 @@ pub enum CompleteOutcome {
 }
 
 /// The attempts a worker still runs, whose leases it extends
-/// ([`Store::job_leases_renew`]).
+/// ([`Queue::job_leases_renew`](crate::store::Queue::job_leases_renew)).
 #[derive(Debug, Clone)]
 pub struct LeaseRenewal {
     pub worker: String,
@@ -444,7 +345,7 @@ pub struct JobSummary {
     /// expires.
     pub next_due_at: Option<i64>,
     /// Running jobs whose lease lapsed by `now` on their last attempt: no
-    /// claim takes them; [`Store::reconcile`] ends them.
+    /// claim takes them; [`Queue::reconcile`](crate::store::Queue::reconcile) ends them.
     pub lapsed_on_last_attempt: i64,
 }
 
@@ -614,7 +515,7 @@ impl ReconcileReport {
     }
 }
 
-/// What [`Store::jobs_vacuum`](super::Store) did.
+/// What [`Queue::jobs_vacuum`](crate::store::Queue) did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JobsVacuum {
     /// Too few dead row versions to be worth it, or a database that keeps
@@ -625,65 +526,6 @@ pub enum JobsVacuum {
     /// only its owner, the database's owner or a superuser may); the
     /// reason, for the operator.
     NotPermitted(String),
-}
-
-/// What the audit reads of a run as a whole, before its stages.
-#[derive(Debug, Clone)]
-pub struct RunAuditFacts {
-    pub run: RunRow,
-    pub events: Vec<RunEvent>,
-    /// Artifacts whose stored bytes no longer hash to their recorded digest.
-    pub digest_mismatches: Vec<ArtifactMeta>,
-    /// Artifacts stored under a stage the run has no job for (other than
-    /// the run's input).
-    pub orphan_artifacts: Vec<ArtifactMeta>,
-}
-
-/// A page of a run's jobs (consecutive in stage order) and every row of
-/// theirs the audit checks. Incoming edges arrive counted and, where one
-/// breaks an invariant, one by one: a fan-in's edges never sit in memory.
-#[derive(Debug, Clone, Default)]
-pub struct StageAuditPage {
-    pub jobs: Vec<JobRow>,
-    pub attempts: Vec<AttemptRow>,
-    pub artifacts: Vec<ArtifactMeta>,
-    /// Each binding with the digest of the artifact it names, if stored.
-    pub inputs: Vec<(InputBinding, Option<String>)>,
-    pub incoming: Vec<IncomingEdges>,
-    /// Attempts claimed before a predecessor succeeded.
-    pub early_starts: Vec<EarlyStart>,
-    /// Unsatisfied edges whose predecessor succeeded.
-    pub lost_edges: Vec<NewEdge>,
-    pub outbox: Vec<OutboxRow>,
-}
-
-/// Jobs per [`StageAuditPage`].
-pub const AUDIT_PAGE_JOBS: i64 = 512;
-
-/// How many edges lead into a stage, and how many of them are unsatisfied.
-#[derive(Debug, Clone)]
-pub struct IncomingEdges {
-    pub stage: String,
-    pub total: i64,
-    pub unsatisfied: i64,
-}
-
-/// An attempt claimed (at `claim_seq`) before its predecessor `from_stage`
-/// succeeded (at `from_succeeded_seq`, if ever).
-#[derive(Debug, Clone)]
-pub struct EarlyStart {
-    pub stage: String,
-    pub attempt: i64,
-    pub claim_seq: i64,
-    pub from_stage: String,
-    pub from_succeeded_seq: Option<i64>,
-}
-
-/// Receives one run's audit rows from [`Store::audit_run`](super::Store):
-/// the run first, then its jobs a page at a time, all from one snapshot.
-pub trait AuditVisitor: Send {
-    fn run(&mut self, facts: RunAuditFacts);
-    fn stages(&mut self, page: StageAuditPage);
 }
 
 #[derive(Debug, Clone)]

@@ -1,0 +1,154 @@
+//! The statements of failing (`store::fail`): a failed attempt, a lease
+//! that lapsed on its job's last attempt.
+
+use super::*;
+use crate::store::fail::{self, FailTx, FencedJob, LapsedLease};
+
+pub(super) async fn fail(store: &PostgresStore, f: JobFail) -> Result<FailOutcome> {
+    let mut tx = store.begin_write().await?;
+    let outcome = fail::fail(&mut Failing(&mut tx), &f).await?;
+    if outcome != FailOutcome::LeaseLost {
+        tx.commit().await?;
+    }
+    Ok(outcome)
+}
+
+/// The statements of `store::fail` on a write transaction.
+pub(super) struct Failing<'t>(pub &'t mut Tx);
+
+impl FailTx for Failing<'_> {
+    async fn fence(
+        &mut self,
+        job_id: i64,
+        attempt: i64,
+        worker: &str,
+    ) -> Result<Option<FencedJob>> {
+        let row = sqlx::query(
+            "SELECT run_id, max_attempts FROM jobs
+             WHERE id = $1 AND attempt = $2 AND lease_owner = $3 AND state = 'running'
+             FOR UPDATE",
+        )
+        .bind(job_id)
+        .bind(attempt)
+        .bind(worker)
+        .fetch_optional(&mut **self.0)
+        .await?;
+        row.as_ref().map(rows::fenced_job).transpose()
+    }
+
+    async fn job_retry(&mut self, f: &JobFail) -> Result<()> {
+        sqlx::query(
+            "UPDATE jobs SET state = 'ready', lease_owner = NULL, lease_expires_at = NULL,
+                    next_run_at = $1, last_error = $2, updated_at = $3
+             WHERE id = $4",
+        )
+        .bind(f.retry_at)
+        .bind(&f.error)
+        .bind(f.now)
+        .bind(f.job_id)
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn job_dead(&mut self, job_id: i64, error: &str, now: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE jobs SET state = 'dead', lease_owner = NULL, lease_expires_at = NULL,
+                    last_error = $1, updated_at = $2
+             WHERE id = $3",
+        )
+        .bind(error)
+        .bind(now)
+        .bind(job_id)
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn run_attempts_fail_in_flight(&mut self, run_id: &str, now: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE attempts SET outcome = 'failed', finished_at = $1, error = $2
+             WHERE outcome = 'running'
+               AND job_id IN (SELECT id FROM jobs WHERE run_id = $3 AND state = 'running')",
+        )
+        .bind(now)
+        .bind(RUN_FAILED_IN_FLIGHT)
+        .bind(run_id)
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn run_jobs_cancel(&mut self, run_id: &str, now: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE jobs SET state = 'cancelled', lease_owner = NULL, lease_expires_at = NULL,
+                    last_error = 'run failed', updated_at = $1
+             WHERE run_id = $2 AND state IN ('blocked', 'ready', 'running')",
+        )
+        .bind(now)
+        .bind(run_id)
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn run_fail(&mut self, run_id: &str, now: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE runs SET state = 'failed', finished_at = $1, failed_seq = nextval('ratchet_seq')
+             WHERE id = $2 AND state = 'running'",
+        )
+        .bind(now)
+        .bind(run_id)
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn attempt_failed(&mut self, f: &JobFail) -> Result<()> {
+        sqlx::query(
+            "UPDATE attempts SET outcome = 'failed', finished_at = $1, error = $2, input_digests = $3
+             WHERE job_id = $4 AND attempt = $5",
+        )
+        .bind(f.now)
+        .bind(&f.error)
+        .bind(to_json(&f.input_digests))
+        .bind(f.job_id)
+        .bind(f.attempt)
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn lapsed_leases(&mut self, now: i64, limit: usize) -> Result<Vec<LapsedLease>> {
+        let rows = sqlx::query(
+            "SELECT id, run_id, attempt FROM jobs
+             WHERE state = 'running' AND lease_expires_at <= $1 AND attempt >= max_attempts
+             ORDER BY id LIMIT $2
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind(now)
+        .bind(limit as i64)
+        .fetch_all(&mut **self.0)
+        .await?;
+        rows.iter().map(rows::lapsed_lease).collect()
+    }
+
+    async fn attempt_lease_expired(
+        &mut self,
+        l: &LapsedLease,
+        error: &str,
+        now: i64,
+    ) -> Result<()> {
+        sqlx::query(
+            "UPDATE attempts SET outcome = 'lease_expired', finished_at = $1, error = $2
+             WHERE job_id = $3 AND attempt = $4 AND outcome = 'running'",
+        )
+        .bind(now)
+        .bind(error)
+        .bind(l.job_id)
+        .bind(l.attempt)
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+}

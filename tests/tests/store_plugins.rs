@@ -8,13 +8,14 @@ use ratchet_runtime::bench::fanout_pipeline;
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::manifest::Pipeline;
 use ratchet_runtime::registry::{RegistrySnapshot, best_version};
-use ratchet_runtime::store::{PluginPut, PluginPutOutcome, StoreError};
+use ratchet_runtime::store::{self, PluginPut, PluginPutOutcome, StoreError};
 use ratchet_tests::{Backend, Harness};
 
 ratchet_tests::backend_tests! {
     same_bytes_twice_is_a_no_op_and_other_bytes_under_a_version_are_refused => immutable_versions;
     a_submit_reads_the_version_it_chooses_not_every_registered_one => reads_the_chosen_version;
     the_version_chosen_is_the_highest_that_matches => chooses_the_highest_match;
+    versions_registered_before_version_keys_are_keyed_when_the_store_opens => keyed_on_open;
 }
 
 fn put(digest: &str, version: &str) -> PluginPut {
@@ -185,4 +186,36 @@ async fn chooses_the_highest_match(backend: Backend) {
             .map(|v| v.version);
         assert_eq!(walked.as_ref(), plain, "{req}");
     }
+}
+
+/// Versions registered before `version_key` existed (migration 0012) have
+/// none, and resolution walks the key's index: they are keyed when a store
+/// opens the database. Seen failing with the backfill skipped on open (no
+/// version of `draft` matched `^1`).
+async fn keyed_on_open(backend: Backend) {
+    let Some(h) = Harness::on(backend, Arc::new(SystemClock)).await else {
+        return;
+    };
+    for (digest, version) in [("aaa", "1.0.0"), ("bbb", "1.2.0")] {
+        h.store.plugin_put(put(digest, version)).await.expect("put");
+    }
+    // The rows as a database from before migration 0012 holds them.
+    let unkey = "UPDATE plugins SET version_key = NULL";
+    match backend {
+        Backend::Sqlite => {
+            let pool = sqlx::SqlitePool::connect(&h.url).await.expect("sqlite");
+            sqlx::query(unkey).execute(&pool).await.expect("unkey");
+        }
+        Backend::Postgres => {
+            let pool = sqlx::PgPool::connect(&h.url).await.expect("postgres");
+            sqlx::query(unkey).execute(&pool).await.expect("unkey");
+        }
+    }
+    let req = semver::VersionReq::parse("^1").expect("requirement");
+    let reopened = store::open(&h.url).await.expect("reopen");
+    let best = best_version(reopened.as_ref(), "draft", &req)
+        .await
+        .expect("resolve")
+        .map(|v| v.version.to_string());
+    assert_eq!(best.as_deref(), Some("1.2.0"));
 }

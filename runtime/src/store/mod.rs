@@ -2,11 +2,13 @@
 //! (`roles.rs`); each backend owns its SQL (`sqlite/`, `postgres/`). Every
 //! multi-row change is one transaction.
 
+mod audit_run;
+mod canonical;
 mod complete;
 mod fail;
-mod plugin_put;
 mod postgres;
 mod reconcile;
+mod registration;
 mod roles;
 mod rows;
 mod sqlite;

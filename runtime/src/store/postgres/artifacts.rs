@@ -3,6 +3,7 @@
 use sqlx::{PgPool, Row};
 
 use super::*;
+use crate::store::canonical::{self, CanonicalTx};
 
 /// One artifact, canonical-first, in a transaction of its own.
 pub(super) async fn put_canonical(
@@ -10,55 +11,48 @@ pub(super) async fn put_canonical(
     a: ArtifactPut,
 ) -> Result<CanonicalArtifact> {
     let mut tx = store.begin_write().await?;
-    let canonical = put_canonical_tx(&mut tx, a.borrowed()).await?;
+    let canonical = canonical::put(&mut Canonical(&mut tx), a.borrowed()).await?;
     tx.commit().await?;
     Ok(canonical)
 }
 
-/// `INSERT … ON CONFLICT DO NOTHING RETURNING`, and when nothing comes back,
-/// read the winner (which, under READ COMMITTED, a concurrent inserter has
-/// committed by the time the insert returns).
-pub(super) async fn put_canonical_tx(
-    tx: &mut Tx,
-    a: CanonicalPut<'_>,
-) -> Result<CanonicalArtifact> {
-    let inserted: Option<String> = sqlx::query_scalar(
-        "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size, attempt,
-                                plugin_digest, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-         ON CONFLICT (run_id, stage, output) DO NOTHING
-         RETURNING digest",
-    )
-    .bind(a.run_id)
-    .bind(a.stage)
-    .bind(a.output)
-    .bind(a.media_type)
-    .bind(a.bytes)
-    .bind(a.digest)
-    .bind(a.bytes.len() as i64)
-    .bind(a.attempt)
-    .bind(a.plugin_digest)
-    .bind(a.now)
-    .fetch_optional(&mut **tx)
-    .await?;
-    if let Some(digest) = inserted {
-        return Ok(CanonicalArtifact {
-            digest,
-            inserted: true,
-        });
+/// The statements of `store::canonical` on a write transaction: `INSERT …
+/// ON CONFLICT DO NOTHING RETURNING`, then the winner.
+pub(super) struct Canonical<'t>(pub &'t mut Tx);
+
+impl CanonicalTx for Canonical<'_> {
+    async fn artifact_insert(&mut self, a: &CanonicalPut<'_>) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
+                                    attempt, plugin_digest, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+             ON CONFLICT (run_id, stage, output) DO NOTHING
+             RETURNING digest",
+        )
+        .bind(a.run_id)
+        .bind(a.stage)
+        .bind(a.output)
+        .bind(a.media_type)
+        .bind(a.bytes)
+        .bind(a.digest)
+        .bind(a.bytes.len() as i64)
+        .bind(a.attempt)
+        .bind(a.plugin_digest)
+        .bind(a.now)
+        .fetch_optional(&mut **self.0)
+        .await?)
     }
-    let digest: String = sqlx::query_scalar(
-        "SELECT digest FROM artifacts WHERE run_id = $1 AND stage = $2 AND output = $3",
-    )
-    .bind(a.run_id)
-    .bind(a.stage)
-    .bind(a.output)
-    .fetch_one(&mut **tx)
-    .await?;
-    Ok(CanonicalArtifact {
-        digest,
-        inserted: false,
-    })
+
+    async fn artifact_digest(&mut self, a: &CanonicalPut<'_>) -> Result<String> {
+        Ok(sqlx::query_scalar(
+            "SELECT digest FROM artifacts WHERE run_id = $1 AND stage = $2 AND output = $3",
+        )
+        .bind(a.run_id)
+        .bind(a.stage)
+        .bind(a.output)
+        .fetch_one(&mut **self.0)
+        .await?)
+    }
 }
 
 pub(super) async fn get(

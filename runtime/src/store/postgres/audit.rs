@@ -1,6 +1,7 @@
 //! Read-only views for `status`, `audit` and tests.
 
 use super::*;
+use crate::store::audit_run::{self, AuditTx, StageRange};
 
 pub(super) async fn attempts<'e>(
     ex: impl sqlx::Executor<'e, Database = Postgres>,
@@ -42,8 +43,8 @@ pub(super) async fn outbox<'e>(
     rows.iter().map(rows::outbox_row).collect()
 }
 
-/// Every row of one run the audit reads, from one REPEATABLE READ
-/// snapshot, a page of jobs at a time.
+/// Every row of one run the audit reads (`store::audit_run`), from one
+/// REPEATABLE READ snapshot.
 pub(super) async fn run(
     store: &PostgresStore,
     run_id: &str,
@@ -53,178 +54,151 @@ pub(super) async fn run(
         .pool
         .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .await?;
-    let Some(run) = sqlx::query("SELECT * FROM runs WHERE id = $1")
-        .bind(run_id)
-        .fetch_optional(&mut *tx)
-        .await?
-    else {
-        return Ok(());
-    };
-    let events = sqlx::query("SELECT * FROM run_events WHERE run_id = $1 ORDER BY id")
-        .bind(run_id)
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(rows::run_event)
-        .collect::<Result<Vec<_>>>()?;
-    let digest_mismatches = artifact_metas(
-        &mut tx,
-        "WHERE run_id = $1 AND encode(sha256(bytes), 'hex') <> digest",
-        &[run_id],
-    )
-    .await?;
-    let orphan_artifacts = artifact_metas(
-        &mut tx,
-        "a WHERE run_id = $1 AND stage <> $2
-           AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = a.run_id AND j.stage = a.stage)",
-        &[run_id, RUN_INPUT_STAGE],
-    )
-    .await?;
-    visitor.run(RunAuditFacts {
-        run: rows::run_row(&run)?,
-        events,
-        digest_mismatches,
-        orphan_artifacts,
-    });
-    let mut after = String::new();
-    loop {
-        let jobs = sqlx::query(
-            "SELECT * FROM jobs WHERE run_id = $1 AND stage > $2 ORDER BY stage LIMIT $3",
-        )
-        .bind(run_id)
-        .bind(&after)
-        .bind(AUDIT_PAGE_JOBS)
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(rows::job_row)
-        .collect::<Result<Vec<_>>>()?;
-        let Some(last) = jobs.last().map(|j| j.stage.clone()) else {
-            break;
-        };
-        let page = stage_page(&mut tx, run_id, &after, &last, jobs).await?;
-        let full = page.jobs.len() as i64 == AUDIT_PAGE_JOBS;
-        visitor.stages(page);
-        if !full {
-            break;
-        }
-        after = last;
-    }
+    audit_run::run(&mut Auditing(&mut tx), run_id, visitor).await?;
     tx.commit().await?;
     Ok(())
-}
-
-/// The metadata of the artifacts a `FROM artifacts ...` clause picks.
-async fn artifact_metas(
-    tx: &mut sqlx::Transaction<'_, Postgres>,
-    clause: &'static str,
-    binds: &[&str],
-) -> Result<Vec<ArtifactMeta>> {
-    let sql = format!("SELECT {META_COLUMNS} FROM artifacts {clause} ORDER BY stage, output");
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for value in binds {
-        query = query.bind(*value);
-    }
-    query
-        .fetch_all(&mut **tx)
-        .await?
-        .iter()
-        .map(rows::artifact_meta)
-        .collect()
 }
 
 const META_COLUMNS: &str =
     "run_id, stage, output, media_type, digest, size, attempt, plugin_digest, created_at";
 
-/// The rows of the jobs whose stages fall in `(after, last]`.
-async fn stage_page(
-    tx: &mut sqlx::Transaction<'_, Postgres>,
-    run_id: &str,
-    after: &str,
-    last: &str,
-    jobs: Vec<JobRow>,
-) -> Result<StageAuditPage> {
+/// The reads of `store::audit_run` on a read-only transaction.
+struct Auditing<'t, 'c>(&'t mut sqlx::Transaction<'c, Postgres>);
+
+impl Auditing<'_, '_> {
+    /// The rows of `sql`, which reads the run from `$1` and the page's
+    /// stages `(after, last]` from `$2` and `$3`.
     async fn fetch<T>(
-        tx: &mut sqlx::Transaction<'_, Postgres>,
-        sql: &'static str,
-        (run_id, after, last): (&str, &str, &str),
+        &mut self,
+        sql: &str,
+        r: StageRange<'_>,
         map: impl Fn(&sqlx::postgres::PgRow) -> Result<T>,
     ) -> Result<Vec<T>> {
-        sqlx::query(sql)
-            .bind(run_id)
-            .bind(after)
-            .bind(last)
-            .fetch_all(&mut **tx)
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(r.run_id)
+            .bind(r.after)
+            .bind(r.last)
+            .fetch_all(&mut **self.0)
             .await?
             .iter()
             .map(map)
             .collect()
     }
-    let range = (run_id, after, last);
-    Ok(StageAuditPage {
-        attempts: fetch(
-            tx,
-            "SELECT * FROM attempts WHERE run_id = $1 AND stage > $2 AND stage <= $3
-             ORDER BY claim_seq",
-            range,
-            rows::attempt_row,
-        )
-        .await?,
-        artifacts: artifact_metas(
-            tx,
-            "WHERE run_id = $1 AND stage > $2 AND stage <= $3",
-            &[run_id, after, last],
-        )
-        .await?,
-        inputs: fetch(
-            tx,
-            "SELECT b.*, a.digest AS source_digest FROM job_inputs b LEFT JOIN artifacts a
-               ON a.run_id = b.run_id AND a.stage = b.from_stage AND a.output = b.from_output
-             WHERE b.run_id = $1 AND b.stage > $2 AND b.stage <= $3",
-            range,
-            rows::sourced_input,
-        )
-        .await?,
-        incoming: fetch(
-            tx,
-            "SELECT to_stage, COUNT(*) AS total, COUNT(*) FILTER (WHERE satisfied = 0) AS unsatisfied
-             FROM edges WHERE run_id = $1 AND to_stage > $2 AND to_stage <= $3 GROUP BY to_stage",
-            range,
-            rows::incoming_edges,
-        )
-        .await?,
-        early_starts: fetch(
-            tx,
-            "SELECT t.stage, a.attempt, a.claim_seq, e.from_stage, p.succeeded_seq
-             FROM jobs t JOIN attempts a ON a.job_id = t.id
-             JOIN edges e ON e.run_id = t.run_id AND e.to_stage = t.stage
-             LEFT JOIN jobs p ON p.run_id = e.run_id AND p.stage = e.from_stage
-             WHERE t.run_id = $1 AND t.stage > $2 AND t.stage <= $3
-               AND (p.succeeded_seq IS NULL OR p.succeeded_seq >= a.claim_seq)
-             ORDER BY a.claim_seq, e.from_stage",
-            range,
-            rows::early_start,
-        )
-        .await?,
-        lost_edges: fetch(
-            tx,
-            "SELECT e.* FROM edges e JOIN jobs p ON p.run_id = e.run_id AND p.stage = e.from_stage
-             WHERE e.run_id = $1 AND e.to_stage > $2 AND e.to_stage <= $3
-               AND e.satisfied = 0 AND p.state = 'succeeded'
-             ORDER BY e.to_stage, e.from_stage",
-            range,
-            |row| rows::edge_row(row).map(|(_, edge, _)| edge),
-        )
-        .await?,
-        outbox: fetch(
-            tx,
-            "SELECT * FROM outbox WHERE run_id = $1 AND stage > $2 AND stage <= $3 ORDER BY id",
-            range,
-            rows::outbox_row,
-        )
-        .await?,
-        jobs,
-    })
+
+    /// The metadata of the artifacts a `FROM artifacts ...` clause picks.
+    async fn artifact_metas(&mut self, clause: &str, binds: &[&str]) -> Result<Vec<ArtifactMeta>> {
+        let sql = format!("SELECT {META_COLUMNS} FROM artifacts {clause} ORDER BY stage, output");
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for value in binds {
+            query = query.bind(*value);
+        }
+        query
+            .fetch_all(&mut **self.0)
+            .await?
+            .iter()
+            .map(rows::artifact_meta)
+            .collect()
+    }
+}
+
+impl AuditTx for Auditing<'_, '_> {
+    async fn run(&mut self, run_id: &str) -> Result<Option<RunRow>> {
+        sqlx::query("SELECT * FROM runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_optional(&mut **self.0)
+            .await?
+            .as_ref()
+            .map(rows::run_row)
+            .transpose()
+    }
+
+    async fn run_events(&mut self, run_id: &str) -> Result<Vec<RunEvent>> {
+        sqlx::query("SELECT * FROM run_events WHERE run_id = $1 ORDER BY id")
+            .bind(run_id)
+            .fetch_all(&mut **self.0)
+            .await?
+            .iter()
+            .map(rows::run_event)
+            .collect()
+    }
+
+    async fn digest_mismatches(&mut self, run_id: &str) -> Result<Vec<ArtifactMeta>> {
+        let clause = "WHERE run_id = $1 AND encode(sha256(bytes), 'hex') <> digest";
+        self.artifact_metas(clause, &[run_id]).await
+    }
+
+    async fn orphan_artifacts(&mut self, run_id: &str) -> Result<Vec<ArtifactMeta>> {
+        let clause = "a WHERE run_id = $1 AND stage <> $2
+           AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = a.run_id AND j.stage = a.stage)";
+        self.artifact_metas(clause, &[run_id, RUN_INPUT_STAGE])
+            .await
+    }
+
+    async fn jobs_after(&mut self, run_id: &str, after: &str, limit: i64) -> Result<Vec<JobRow>> {
+        sqlx::query("SELECT * FROM jobs WHERE run_id = $1 AND stage > $2 ORDER BY stage LIMIT $3")
+            .bind(run_id)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&mut **self.0)
+            .await?
+            .iter()
+            .map(rows::job_row)
+            .collect()
+    }
+
+    async fn attempts(&mut self, r: StageRange<'_>) -> Result<Vec<AttemptRow>> {
+        let sql = "SELECT * FROM attempts WHERE run_id = $1 AND stage > $2 AND stage <= $3
+                   ORDER BY claim_seq";
+        self.fetch(sql, r, rows::attempt_row).await
+    }
+
+    async fn artifacts(&mut self, r: StageRange<'_>) -> Result<Vec<ArtifactMeta>> {
+        let clause = "WHERE run_id = $1 AND stage > $2 AND stage <= $3";
+        self.artifact_metas(clause, &[r.run_id, r.after, r.last])
+            .await
+    }
+
+    async fn inputs(&mut self, r: StageRange<'_>) -> Result<Vec<(InputBinding, Option<String>)>> {
+        let sql = "SELECT b.*, a.digest AS source_digest FROM job_inputs b LEFT JOIN artifacts a
+                     ON a.run_id = b.run_id AND a.stage = b.from_stage AND a.output = b.from_output
+                   WHERE b.run_id = $1 AND b.stage > $2 AND b.stage <= $3";
+        self.fetch(sql, r, rows::sourced_input).await
+    }
+
+    async fn incoming(&mut self, r: StageRange<'_>) -> Result<Vec<IncomingEdges>> {
+        let sql = "SELECT to_stage, COUNT(*) AS total,
+                          COUNT(*) FILTER (WHERE satisfied = 0) AS unsatisfied
+                   FROM edges WHERE run_id = $1 AND to_stage > $2 AND to_stage <= $3
+                   GROUP BY to_stage";
+        self.fetch(sql, r, rows::incoming_edges).await
+    }
+
+    async fn early_starts(&mut self, r: StageRange<'_>) -> Result<Vec<EarlyStart>> {
+        let sql = "SELECT t.stage, a.attempt, a.claim_seq, e.from_stage, p.succeeded_seq
+                   FROM jobs t JOIN attempts a ON a.job_id = t.id
+                   JOIN edges e ON e.run_id = t.run_id AND e.to_stage = t.stage
+                   LEFT JOIN jobs p ON p.run_id = e.run_id AND p.stage = e.from_stage
+                   WHERE t.run_id = $1 AND t.stage > $2 AND t.stage <= $3
+                     AND (p.succeeded_seq IS NULL OR p.succeeded_seq >= a.claim_seq)
+                   ORDER BY a.claim_seq, e.from_stage";
+        self.fetch(sql, r, rows::early_start).await
+    }
+
+    async fn lost_edges(&mut self, r: StageRange<'_>) -> Result<Vec<NewEdge>> {
+        let sql = "SELECT e.* FROM edges e
+                   JOIN jobs p ON p.run_id = e.run_id AND p.stage = e.from_stage
+                   WHERE e.run_id = $1 AND e.to_stage > $2 AND e.to_stage <= $3
+                     AND e.satisfied = 0 AND p.state = 'succeeded'
+                   ORDER BY e.to_stage, e.from_stage";
+        self.fetch(sql, r, |row| rows::edge_row(row).map(|(_, edge, _)| edge))
+            .await
+    }
+
+    async fn outbox(&mut self, r: StageRange<'_>) -> Result<Vec<OutboxRow>> {
+        let sql = "SELECT * FROM outbox WHERE run_id = $1 AND stage > $2 AND stage <= $3
+                   ORDER BY id";
+        self.fetch(sql, r, rows::outbox_row).await
+    }
 }
 
 /// Up to `limit` run ids after `after`, in id order.

@@ -8,7 +8,7 @@ use super::*;
 
 pub(super) async fn raw_completion(store: &PostgresStore, r: RawCompletion) -> Result<()> {
     let mut tx = store.begin_write().await?;
-    artifacts::put_canonical_tx(&mut tx, r.artifact.borrowed()).await?;
+    crate::store::canonical::put(&mut artifacts::Canonical(&mut tx), r.artifact.borrowed()).await?;
     sqlx::query("UPDATE jobs SET updated_at = $1 WHERE id = $2")
         .bind(r.artifact.now)
         .bind(r.job_id)

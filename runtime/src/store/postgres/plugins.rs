@@ -3,18 +3,18 @@
 use sqlx::Row;
 
 use super::*;
-use crate::store::plugin_put::{self, PluginPutTx};
+use crate::store::registration::{self, PluginPutTx, VersionKeys};
 
 pub(super) async fn put(store: &PostgresStore, p: PluginPut) -> Result<PluginPutOutcome> {
     let mut tx = store.begin_write().await?;
-    let outcome = plugin_put::put(&mut Putting(&mut tx), p).await?;
+    let outcome = registration::put(&mut Putting(&mut tx), p).await?;
     if outcome == PluginPutOutcome::Inserted {
         tx.commit().await?;
     }
     Ok(outcome)
 }
 
-/// The statements of `store::plugin_put` on a write transaction.
+/// The statements of `store::registration` on a write transaction.
 struct Putting<'t>(&'t mut Tx);
 
 impl PluginPutTx for Putting<'_> {
@@ -142,24 +142,33 @@ pub(super) async fn candidates(
     rows.iter().map(rows::plugin_version).collect()
 }
 
-/// Gives the versions registered before `version_key` existed their key
-/// (migration 0012), a page at a time; none are left after the first open.
+/// Keys the versions registered before `version_key` existed
+/// (`store::registration`).
 pub(super) async fn backfill_version_keys(pool: &PgPool) -> Result<()> {
-    loop {
-        let unkeyed: Vec<(String, String)> = sqlx::query_as(
-            "SELECT digest, version FROM plugins WHERE version_key IS NULL LIMIT 256",
+    registration::backfill_version_keys(&mut Keying(pool)).await
+}
+
+/// The statements of `store::registration`'s backfill, each on the pool.
+struct Keying<'p>(&'p PgPool);
+
+impl VersionKeys for Keying<'_> {
+    async fn unkeyed(&mut self, limit: i64) -> Result<Vec<(String, String)>> {
+        Ok(
+            sqlx::query_as(
+                "SELECT digest, version FROM plugins WHERE version_key IS NULL LIMIT $1",
+            )
+            .bind(limit)
+            .fetch_all(self.0)
+            .await?,
         )
-        .fetch_all(pool)
-        .await?;
-        for (digest, version) in &unkeyed {
-            sqlx::query("UPDATE plugins SET version_key = $1 WHERE digest = $2")
-                .bind(rows::version_key_of(version)?)
-                .bind(digest)
-                .execute(pool)
-                .await?;
-        }
-        if unkeyed.len() < 256 {
-            return Ok(());
-        }
+    }
+
+    async fn key_set(&mut self, digest: &str, key: &str) -> Result<()> {
+        sqlx::query("UPDATE plugins SET version_key = $1 WHERE digest = $2")
+            .bind(key)
+            .bind(digest)
+            .execute(self.0)
+            .await?;
+        Ok(())
     }
 }

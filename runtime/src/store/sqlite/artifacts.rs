@@ -3,6 +3,7 @@
 use sqlx::{Row, SqlitePool};
 
 use super::*;
+use crate::store::canonical::{self, CanonicalTx};
 
 pub(super) const META_COLUMNS: &str =
     "run_id, stage, output, media_type, digest, size, attempt, plugin_digest, created_at";
@@ -14,54 +15,48 @@ pub(super) async fn put_canonical(
 ) -> Result<CanonicalArtifact> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
-    let canonical = put_canonical_tx(&mut tx, a.borrowed()).await?;
+    let canonical = canonical::put(&mut Canonical(&mut tx), a.borrowed()).await?;
     store.commit(tx).await?;
     Ok(canonical)
 }
 
-/// `INSERT … ON CONFLICT DO NOTHING RETURNING`, and when nothing comes back,
-/// read the winner. The returned digest is the only one callers may use.
-pub(super) async fn put_canonical_tx(
-    tx: &mut Tx<'_>,
-    a: CanonicalPut<'_>,
-) -> Result<CanonicalArtifact> {
-    let inserted: Option<String> = sqlx::query_scalar(
-        "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size, attempt,
-                                plugin_digest, created_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-         ON CONFLICT (run_id, stage, output) DO NOTHING
-         RETURNING digest",
-    )
-    .bind(a.run_id)
-    .bind(a.stage)
-    .bind(a.output)
-    .bind(a.media_type)
-    .bind(a.bytes)
-    .bind(a.digest)
-    .bind(a.bytes.len() as i64)
-    .bind(a.attempt)
-    .bind(a.plugin_digest)
-    .bind(a.now)
-    .fetch_optional(&mut **tx)
-    .await?;
-    if let Some(digest) = inserted {
-        return Ok(CanonicalArtifact {
-            digest,
-            inserted: true,
-        });
+/// The statements of `store::canonical` on a write transaction: `INSERT …
+/// ON CONFLICT DO NOTHING RETURNING`, then the winner.
+pub(super) struct Canonical<'t, 'c>(pub &'t mut Tx<'c>);
+
+impl CanonicalTx for Canonical<'_, '_> {
+    async fn artifact_insert(&mut self, a: &CanonicalPut<'_>) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar(
+            "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
+                                    attempt, plugin_digest, created_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (run_id, stage, output) DO NOTHING
+             RETURNING digest",
+        )
+        .bind(a.run_id)
+        .bind(a.stage)
+        .bind(a.output)
+        .bind(a.media_type)
+        .bind(a.bytes)
+        .bind(a.digest)
+        .bind(a.bytes.len() as i64)
+        .bind(a.attempt)
+        .bind(a.plugin_digest)
+        .bind(a.now)
+        .fetch_optional(&mut **self.0)
+        .await?)
     }
-    let digest: String = sqlx::query_scalar(
-        "SELECT digest FROM artifacts WHERE run_id = ? AND stage = ? AND output = ?",
-    )
-    .bind(a.run_id)
-    .bind(a.stage)
-    .bind(a.output)
-    .fetch_one(&mut **tx)
-    .await?;
-    Ok(CanonicalArtifact {
-        digest,
-        inserted: false,
-    })
+
+    async fn artifact_digest(&mut self, a: &CanonicalPut<'_>) -> Result<String> {
+        Ok(sqlx::query_scalar(
+            "SELECT digest FROM artifacts WHERE run_id = ? AND stage = ? AND output = ?",
+        )
+        .bind(a.run_id)
+        .bind(a.stage)
+        .bind(a.output)
+        .fetch_one(&mut **self.0)
+        .await?)
+    }
 }
 
 pub(super) async fn get(

@@ -7,7 +7,7 @@ use super::*;
 pub(super) async fn raw_completion(store: &SqliteStore, r: RawCompletion) -> Result<()> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
-    artifacts::put_canonical_tx(&mut tx, r.artifact.borrowed()).await?;
+    crate::store::canonical::put(&mut artifacts::Canonical(&mut tx), r.artifact.borrowed()).await?;
     sqlx::query("UPDATE jobs SET updated_at = ? WHERE id = ?")
         .bind(r.artifact.now)
         .bind(r.job_id)

@@ -3,21 +3,21 @@
 use sqlx::Row;
 
 use super::*;
-use crate::store::plugin_put::{self, PluginPutTx};
+use crate::store::registration::{self, PluginPutTx, VersionKeys};
 
 const SUMMARY_COLUMNS: &str = "digest, name, version, manifest, size, registered_at, yanked";
 
 pub(super) async fn put(store: &SqliteStore, p: PluginPut) -> Result<PluginPutOutcome> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
-    let outcome = plugin_put::put(&mut Putting(&mut tx), p).await?;
+    let outcome = registration::put(&mut Putting(&mut tx), p).await?;
     if outcome == PluginPutOutcome::Inserted {
         store.commit(tx).await?;
     }
     Ok(outcome)
 }
 
-/// The statements of `store::plugin_put` on the writer's transaction.
+/// The statements of `store::registration` on the writer's transaction.
 struct Putting<'t, 'c>(&'t mut Tx<'c>);
 
 impl PluginPutTx for Putting<'_, '_> {
@@ -151,24 +151,31 @@ pub(super) async fn candidates(
     rows.iter().map(rows::plugin_version).collect()
 }
 
-/// Gives the versions registered before `version_key` existed their key
-/// (migration 0012), a page at a time; none are left after the first open.
+/// Keys the versions registered before `version_key` existed
+/// (`store::registration`).
 pub(super) async fn backfill_version_keys(pool: &SqlitePool) -> Result<()> {
-    loop {
-        let unkeyed: Vec<(String, String)> = sqlx::query_as(
-            "SELECT digest, version FROM plugins WHERE version_key IS NULL LIMIT 256",
+    registration::backfill_version_keys(&mut Keying(pool)).await
+}
+
+/// The statements of `store::registration`'s backfill, each on the pool.
+struct Keying<'p>(&'p SqlitePool);
+
+impl VersionKeys for Keying<'_> {
+    async fn unkeyed(&mut self, limit: i64) -> Result<Vec<(String, String)>> {
+        Ok(
+            sqlx::query_as("SELECT digest, version FROM plugins WHERE version_key IS NULL LIMIT ?")
+                .bind(limit)
+                .fetch_all(self.0)
+                .await?,
         )
-        .fetch_all(pool)
-        .await?;
-        for (digest, version) in &unkeyed {
-            sqlx::query("UPDATE plugins SET version_key = ? WHERE digest = ?")
-                .bind(rows::version_key_of(version)?)
-                .bind(digest)
-                .execute(pool)
-                .await?;
-        }
-        if unkeyed.len() < 256 {
-            return Ok(());
-        }
+    }
+
+    async fn key_set(&mut self, digest: &str, key: &str) -> Result<()> {
+        sqlx::query("UPDATE plugins SET version_key = ? WHERE digest = ?")
+            .bind(key)
+            .bind(digest)
+            .execute(self.0)
+            .await?;
+        Ok(())
     }
 }

@@ -32,6 +32,19 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// Every state. A run has succeeded when every job is `Succeeded`;
+    /// PostgreSQL's `ratchet_finish_runs` (migration 0006) lists the others
+    /// by name, pinned to this list by `tests/tests/postgres_functions.rs`.
+    pub const ALL: [JobState; 7] = [
+        JobState::Blocked,
+        JobState::Ready,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Dead,
+        JobState::Cancelled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             JobState::Blocked => "blocked",

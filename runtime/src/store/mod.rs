@@ -9,6 +9,7 @@ mod fail;
 mod postgres;
 mod reconcile;
 mod registration;
+mod repin;
 mod roles;
 mod rows;
 mod sqlite;

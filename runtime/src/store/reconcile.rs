@@ -30,13 +30,50 @@ pub(crate) trait ReconcileBatches {
     async fn end_lapsed_leases(&self, now: i64, limit: usize) -> Result<u64>;
     /// Up to `limit` ids of running runs after `after`, in id order.
     async fn running_runs(&self, after: &str, limit: usize) -> Result<Vec<String>>;
-    /// Repairs edges, dependency counts and run states of these runs.
+    /// Repairs edges, dependency counts and run states of these runs
+    /// ([`repair_runs`]), in one transaction.
     async fn repair_runs(
         &self,
         runs: &[String],
         now: i64,
         report: &mut ReconcileReport,
     ) -> Result<()>;
+}
+
+/// The statements of repairing a batch of runs, inside one transaction.
+pub(crate) trait RepairTx {
+    /// Satisfies the unsatisfied edges whose predecessor succeeded.
+    async fn edges_repair(&mut self, runs: &[String]) -> Result<u64>;
+    /// Sets each blocked job's pending count to its unsatisfied edges,
+    /// where they differ.
+    async fn pending_recount(&mut self, runs: &[String], now: i64) -> Result<u64>;
+    /// Makes the blocked jobs with nothing pending ready.
+    async fn ready_release(&mut self, runs: &[String], now: i64) -> Result<u64>;
+    /// Finishes each running run whose every job succeeded.
+    async fn runs_finish(&mut self, runs: &[String], now: i64) -> Result<u64>;
+    /// Tells listening workers that jobs became ready, where the backend
+    /// can (delivered on commit).
+    async fn announce_ready(&mut self) -> Result<()>;
+}
+
+/// Repairs a batch of runs, in this order: edges, then the counts they
+/// feed, then the jobs those release, then the runs that are done. Each
+/// row count goes into `report`. The caller commits.
+pub(crate) async fn repair_runs(
+    tx: &mut impl RepairTx,
+    runs: &[String],
+    now: i64,
+    report: &mut ReconcileReport,
+) -> Result<()> {
+    report.edges_repaired += tx.edges_repair(runs).await?;
+    report.pending_repaired += tx.pending_recount(runs, now).await?;
+    let ready = tx.ready_release(runs, now).await?;
+    report.pending_repaired += ready;
+    report.runs_finished += tx.runs_finish(runs, now).await?;
+    if ready > 0 {
+        tx.announce_ready().await?;
+    }
+    Ok(())
 }
 
 /// Every batch until none is left.

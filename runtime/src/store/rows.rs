@@ -348,7 +348,7 @@ pub(crate) fn run_event(row: &impl RowExt) -> Result<RunEvent> {
     })
 }
 
-/// Why a repin must not happen, from the rows both backends read the same way.
+/// Why a repin must not happen (`store::repin`).
 pub(crate) fn repin_refusal(
     run_state: &str,
     job_state: &str,

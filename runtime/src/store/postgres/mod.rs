@@ -22,7 +22,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::Notify;
 
-use super::rows::{self, impl_row_ext, repin_refusal, run_job_states, to_json};
+use super::rows::{self, impl_row_ext, to_json};
 use super::*;
 
 impl_row_ext!(sqlx::postgres::PgRow);

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use super::*;
-use crate::store::reconcile::ReconcileBatches;
+use crate::store::reconcile::{self, ReconcileBatches, RepairTx};
 
 #[async_trait]
 impl ReconcileBatches for PostgresStore {
@@ -32,54 +32,68 @@ impl ReconcileBatches for PostgresStore {
         report: &mut ReconcileReport,
     ) -> Result<()> {
         let mut tx = self.begin_write().await?;
-        report.edges_repaired += sqlx::query(
+        reconcile::repair_runs(&mut Repairing(&mut tx), runs, now, report).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// The statements of `store::reconcile::repair_runs` on a write
+/// transaction.
+struct Repairing<'t>(&'t mut Tx);
+
+impl Repairing<'_> {
+    /// Runs `sql`, which reads the runs from `$1` and `now` from `$2`.
+    async fn update(&mut self, sql: &'static str, runs: &[String], now: i64) -> Result<u64> {
+        Ok(sqlx::query(sql)
+            .bind(runs)
+            .bind(now)
+            .execute(&mut **self.0)
+            .await?
+            .rows_affected())
+    }
+}
+
+impl RepairTx for Repairing<'_> {
+    async fn edges_repair(&mut self, runs: &[String]) -> Result<u64> {
+        Ok(sqlx::query(
             "UPDATE edges SET satisfied = 1
              WHERE run_id = ANY($1) AND satisfied = 0
                AND EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = edges.run_id
                            AND j.stage = edges.from_stage AND j.state = 'succeeded')",
         )
         .bind(runs)
-        .execute(&mut *tx)
+        .execute(&mut **self.0)
         .await?
-        .rows_affected();
-        report.pending_repaired += sqlx::query(
-            "UPDATE jobs SET pending = (SELECT COUNT(*) FROM edges e WHERE e.run_id = jobs.run_id
-                                        AND e.to_stage = jobs.stage AND e.satisfied = 0),
-                    updated_at = $2
-             WHERE run_id = ANY($1) AND state = 'blocked'
-               AND pending != (SELECT COUNT(*) FROM edges e WHERE e.run_id = jobs.run_id
-                               AND e.to_stage = jobs.stage AND e.satisfied = 0)",
-        )
-        .bind(runs)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        let ready = sqlx::query(
-            "UPDATE jobs SET state = 'ready', next_run_at = $2, updated_at = $2
-             WHERE run_id = ANY($1) AND state = 'blocked' AND pending = 0",
-        )
-        .bind(runs)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        report.pending_repaired += ready;
-        report.runs_finished += sqlx::query(
-            "UPDATE runs SET state = 'succeeded', finished_at = $2
-             WHERE id = ANY($1) AND state = 'running'
-               AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.run_id = runs.id
-                               AND jobs.state != 'succeeded')",
-        )
-        .bind(runs)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if ready > 0 {
-            notify_ready(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        .rows_affected())
+    }
+
+    async fn pending_recount(&mut self, runs: &[String], now: i64) -> Result<u64> {
+        let sql = "UPDATE jobs SET pending = (SELECT COUNT(*) FROM edges e
+                                             WHERE e.run_id = jobs.run_id
+                                               AND e.to_stage = jobs.stage AND e.satisfied = 0),
+                          updated_at = $2
+                   WHERE run_id = ANY($1) AND state = 'blocked'
+                     AND pending != (SELECT COUNT(*) FROM edges e WHERE e.run_id = jobs.run_id
+                                     AND e.to_stage = jobs.stage AND e.satisfied = 0)";
+        self.update(sql, runs, now).await
+    }
+
+    async fn ready_release(&mut self, runs: &[String], now: i64) -> Result<u64> {
+        let sql = "UPDATE jobs SET state = 'ready', next_run_at = $2, updated_at = $2
+                   WHERE run_id = ANY($1) AND state = 'blocked' AND pending = 0";
+        self.update(sql, runs, now).await
+    }
+
+    async fn runs_finish(&mut self, runs: &[String], now: i64) -> Result<u64> {
+        let sql = "UPDATE runs SET state = 'succeeded', finished_at = $2
+                   WHERE id = ANY($1) AND state = 'running'
+                     AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.run_id = runs.id
+                                     AND jobs.state != 'succeeded')";
+        self.update(sql, runs, now).await
+    }
+
+    async fn announce_ready(&mut self) -> Result<()> {
+        notify_ready(&mut **self.0).await
     }
 }

@@ -1,6 +1,7 @@
 //! `runs`, with the jobs, edges and input bindings created beside them.
 
 use super::*;
+use crate::store::repin::{self, RepinTx};
 use crate::store::submit::{self, SubmitTx};
 
 pub(super) async fn submit(store: &PostgresStore, r: RunSubmit) -> Result<RunSubmitOutcome> {
@@ -134,62 +135,65 @@ pub(super) async fn events(store: &PostgresStore, run_id: &str) -> Result<Vec<Ru
 
 pub(super) async fn repin(store: &PostgresStore, r: JobRepin) -> Result<RepinOutcome> {
     let mut tx = store.begin_write().await?;
-    let run_state: Option<String> =
-        sqlx::query_scalar("SELECT state FROM runs WHERE id = $1 FOR NO KEY UPDATE")
-            .bind(&r.run_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    let job = sqlx::query(
-        "SELECT state, plugin_digest FROM jobs WHERE run_id = $1 AND stage = $2 FOR UPDATE",
-    )
-    .bind(&r.run_id)
-    .bind(&r.stage)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let (Some(run_state), Some(job)) = (run_state, job) else {
-        return Ok(RepinOutcome::NotFound);
-    };
-    if let Some(refused) = repin_refusal(
-        &run_state,
-        &rows::RowExt::text(&job, "state")?,
-        &rows::RowExt::text(&job, "plugin_digest")?,
-        &r,
-    ) {
-        return Ok(refused);
+    let outcome = repin::repin(&mut Repinning(&mut tx), &r).await?;
+    if outcome == RepinOutcome::Repinned {
+        tx.commit().await?;
     }
-    let journaled: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM model_calls WHERE run_id = $1 AND stage = $2)",
-    )
-    .bind(&r.run_id)
-    .bind(&r.stage)
-    .fetch_one(&mut *tx)
-    .await?;
-    if journaled {
-        return Ok(RepinOutcome::Journaled);
-    }
-    // Edges and states read without further locks: an `after` stage that
-    // succeeds while this commits leaves its new edge unsatisfied, and the
-    // reconciler satisfies it (it repairs edges of succeeded stages).
-    let added = if r.after.is_empty() {
-        Vec::new()
-    } else {
-        let edges: Vec<(String, String)> =
-            sqlx::query_as("SELECT from_stage, to_stage FROM edges WHERE run_id = $1")
-                .bind(&r.run_id)
-                .fetch_all(&mut *tx)
-                .await?;
-        let states = run_job_states(
-            sqlx::query_as("SELECT stage, state FROM jobs WHERE run_id = $1")
-                .bind(&r.run_id)
-                .fetch_all(&mut *tx)
+    Ok(outcome)
+}
+
+/// The statements of `store::repin` on a write transaction.
+struct Repinning<'t>(&'t mut Tx);
+
+impl RepinTx for Repinning<'_> {
+    async fn run_state(&mut self, run_id: &str) -> Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT state FROM runs WHERE id = $1 FOR NO KEY UPDATE")
+                .bind(run_id)
+                .fetch_optional(&mut **self.0)
                 .await?,
-        )?;
-        match rows::repin_after_edges(&r.stage, &r.after, &edges, &states) {
-            Ok(added) => added,
-            Err(reason) => return Ok(RepinOutcome::AfterRefused(reason)),
-        }
-    };
-    for (from, satisfied) in &added {
+        )
+    }
+
+    async fn job_pin(&mut self, run_id: &str, stage: &str) -> Result<Option<(String, String)>> {
+        Ok(sqlx::query_as(
+            "SELECT state, plugin_digest FROM jobs WHERE run_id = $1 AND stage = $2 FOR UPDATE",
+        )
+        .bind(run_id)
+        .bind(stage)
+        .fetch_optional(&mut **self.0)
+        .await?)
+    }
+
+    async fn journaled(&mut self, run_id: &str, stage: &str) -> Result<bool> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM model_calls WHERE run_id = $1 AND stage = $2)",
+        )
+        .bind(run_id)
+        .bind(stage)
+        .fetch_one(&mut **self.0)
+        .await?)
+    }
+
+    async fn edges(&mut self, run_id: &str) -> Result<Vec<(String, String)>> {
+        Ok(
+            sqlx::query_as("SELECT from_stage, to_stage FROM edges WHERE run_id = $1")
+                .bind(run_id)
+                .fetch_all(&mut **self.0)
+                .await?,
+        )
+    }
+
+    async fn job_states(&mut self, run_id: &str) -> Result<Vec<(String, String)>> {
+        Ok(
+            sqlx::query_as("SELECT stage, state FROM jobs WHERE run_id = $1")
+                .bind(run_id)
+                .fetch_all(&mut **self.0)
+                .await?,
+        )
+    }
+
+    async fn after_edge_insert(&mut self, r: &JobRepin, from: &str, satisfied: bool) -> Result<()> {
         sqlx::query(
             "INSERT INTO edges (run_id, from_stage, to_stage, kind, satisfied)
              VALUES ($1, $2, $3, 'after', $4)",
@@ -197,31 +201,40 @@ pub(super) async fn repin(store: &PostgresStore, r: JobRepin) -> Result<RepinOut
         .bind(&r.run_id)
         .bind(from)
         .bind(&r.stage)
-        .bind(i64::from(*satisfied))
-        .execute(&mut *tx)
+        .bind(i64::from(satisfied))
+        .execute(&mut **self.0)
         .await?;
+        Ok(())
     }
-    let waits = added.iter().filter(|(_, satisfied)| !satisfied).count() as i64;
-    sqlx::query(
-        "UPDATE jobs SET plugin_digest = $1, emits = $2, updated_at = $3, pending = pending + $6,
-                state = CASE WHEN $6 > 0 THEN 'blocked' ELSE state END
-         WHERE run_id = $4 AND stage = $5",
-    )
-    .bind(&r.to_digest)
-    .bind(to_json(&r.emits))
-    .bind(r.now)
-    .bind(&r.run_id)
-    .bind(&r.stage)
-    .bind(waits)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query("INSERT INTO run_events (run_id, stage, kind, detail, at) VALUES ($1, $2, 'upgrade', $3, $4)")
+
+    async fn job_repin(&mut self, r: &JobRepin, waits: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE jobs SET plugin_digest = $1, emits = $2, updated_at = $3, pending = pending + $6,
+                    state = CASE WHEN $6 > 0 THEN 'blocked' ELSE state END
+             WHERE run_id = $4 AND stage = $5",
+        )
+        .bind(&r.to_digest)
+        .bind(to_json(&r.emits))
+        .bind(r.now)
+        .bind(&r.run_id)
+        .bind(&r.stage)
+        .bind(waits)
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn upgrade_record(&mut self, r: &JobRepin) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO run_events (run_id, stage, kind, detail, at)
+             VALUES ($1, $2, 'upgrade', $3, $4)",
+        )
         .bind(&r.run_id)
         .bind(&r.stage)
         .bind(&r.detail)
         .bind(r.now)
-        .execute(&mut *tx)
+        .execute(&mut **self.0)
         .await?;
-    tx.commit().await?;
-    Ok(RepinOutcome::Repinned)
+        Ok(())
+    }
 }

@@ -20,7 +20,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{ConnectOptions, Connection, Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::sync::Mutex;
 
-use super::rows::{self, impl_row_ext, repin_refusal, run_job_states, to_json};
+use super::rows::{self, impl_row_ext, to_json};
 use super::*;
 pub use checkpoint::CheckpointStats;
 use checkpoint::{Checkpointer, WRITER_BACKSTOP_PAGES};

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use super::*;
-use crate::store::reconcile::ReconcileBatches;
+use crate::store::reconcile::{self, ReconcileBatches, RepairTx};
 
 /// The runs of one batch, bound as a JSON array.
 const BATCH_RUNS: &str = "(SELECT value FROM json_each(?1))";
@@ -35,51 +35,75 @@ impl ReconcileBatches for SqliteStore {
         now: i64,
         report: &mut ReconcileReport,
     ) -> Result<()> {
-        let runs = serde_json::json!(runs).to_string();
         let mut writer = self.writer.lock().await;
         let mut tx = begin_write(&mut writer).await?;
-        report.edges_repaired += sqlx::query(sqlx::AssertSqlSafe(format!(
+        reconcile::repair_runs(&mut Repairing(&mut tx), runs, now, report).await?;
+        self.commit(tx).await?;
+        Ok(())
+    }
+}
+
+/// The statements of `store::reconcile::repair_runs` on the writer's
+/// transaction; the runs are bound as a JSON array.
+struct Repairing<'t, 'c>(&'t mut Tx<'c>);
+
+impl Repairing<'_, '_> {
+    /// Runs `sql`, which reads the runs from `?1` and `now` from `?2`.
+    async fn update(&mut self, sql: String, runs: &[String], now: i64) -> Result<u64> {
+        Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(to_json(&runs))
+            .bind(now)
+            .execute(&mut **self.0)
+            .await?
+            .rows_affected())
+    }
+}
+
+impl RepairTx for Repairing<'_, '_> {
+    async fn edges_repair(&mut self, runs: &[String]) -> Result<u64> {
+        let sql = format!(
             "UPDATE edges SET satisfied = 1
              WHERE run_id IN {BATCH_RUNS} AND satisfied = 0
                AND EXISTS (SELECT 1 FROM jobs j WHERE j.run_id = edges.run_id
                            AND j.stage = edges.from_stage AND j.state = 'succeeded')"
-        )))
-        .bind(&runs)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        );
+        Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(to_json(&runs))
+            .execute(&mut **self.0)
+            .await?
+            .rows_affected())
+    }
+
+    async fn pending_recount(&mut self, runs: &[String], now: i64) -> Result<u64> {
         let unsatisfied = "(SELECT COUNT(*) FROM edges e WHERE e.run_id = jobs.run_id
                             AND e.to_stage = jobs.stage AND e.satisfied = 0)";
-        report.pending_repaired += sqlx::query(sqlx::AssertSqlSafe(format!(
+        let sql = format!(
             "UPDATE jobs SET pending = {unsatisfied}, updated_at = ?2
              WHERE run_id IN {BATCH_RUNS} AND state = 'blocked' AND pending != {unsatisfied}"
-        )))
-        .bind(&runs)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        report.pending_repaired += sqlx::query(sqlx::AssertSqlSafe(format!(
+        );
+        self.update(sql, runs, now).await
+    }
+
+    async fn ready_release(&mut self, runs: &[String], now: i64) -> Result<u64> {
+        let sql = format!(
             "UPDATE jobs SET state = 'ready', next_run_at = ?2, updated_at = ?2
              WHERE run_id IN {BATCH_RUNS} AND state = 'blocked' AND pending = 0"
-        )))
-        .bind(&runs)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        report.runs_finished += sqlx::query(sqlx::AssertSqlSafe(format!(
+        );
+        self.update(sql, runs, now).await
+    }
+
+    async fn runs_finish(&mut self, runs: &[String], now: i64) -> Result<u64> {
+        let sql = format!(
             "UPDATE runs SET state = 'succeeded', finished_at = ?2
              WHERE id IN {BATCH_RUNS} AND state = 'running'
                AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.run_id = runs.id
                                AND jobs.state != 'succeeded')"
-        )))
-        .bind(&runs)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        self.commit(tx).await?;
+        );
+        self.update(sql, runs, now).await
+    }
+
+    /// Workers in this process are woken by its own releases; others poll.
+    async fn announce_ready(&mut self) -> Result<()> {
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! `runs`, with the jobs, edges and input bindings created beside them.
 
 use super::*;
+use crate::store::repin::{self, RepinTx};
 use crate::store::submit::{self, SubmitTx};
 
 pub(super) async fn submit(store: &SqliteStore, r: RunSubmit) -> Result<RunSubmitOutcome> {
@@ -158,56 +159,63 @@ pub(super) async fn events(store: &SqliteStore, run_id: &str) -> Result<Vec<RunE
 pub(super) async fn repin(store: &SqliteStore, r: JobRepin) -> Result<RepinOutcome> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
-    let run_state: Option<String> = sqlx::query_scalar("SELECT state FROM runs WHERE id = ?")
-        .bind(&r.run_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-    let job = sqlx::query("SELECT state, plugin_digest FROM jobs WHERE run_id = ? AND stage = ?")
-        .bind(&r.run_id)
-        .bind(&r.stage)
-        .fetch_optional(&mut *tx)
-        .await?;
-    let (Some(run_state), Some(job)) = (run_state, job) else {
-        return Ok(RepinOutcome::NotFound);
-    };
-    if let Some(refused) = repin_refusal(
-        &run_state,
-        &rows::RowExt::text(&job, "state")?,
-        &rows::RowExt::text(&job, "plugin_digest")?,
-        &r,
-    ) {
-        return Ok(refused);
+    let outcome = repin::repin(&mut Repinning(&mut tx), &r).await?;
+    if outcome == RepinOutcome::Repinned {
+        store.commit(tx).await?;
     }
-    let journaled: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM model_calls WHERE run_id = ? AND stage = ?)",
-    )
-    .bind(&r.run_id)
-    .bind(&r.stage)
-    .fetch_one(&mut *tx)
-    .await?;
-    if journaled {
-        return Ok(RepinOutcome::Journaled);
+    Ok(outcome)
+}
+
+/// The statements of `store::repin` on a write transaction.
+struct Repinning<'t, 'c>(&'t mut Tx<'c>);
+
+impl RepinTx for Repinning<'_, '_> {
+    async fn run_state(&mut self, run_id: &str) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar("SELECT state FROM runs WHERE id = ?")
+            .bind(run_id)
+            .fetch_optional(&mut **self.0)
+            .await?)
     }
-    let added = if r.after.is_empty() {
-        Vec::new()
-    } else {
-        let edges: Vec<(String, String)> =
-            sqlx::query_as("SELECT from_stage, to_stage FROM edges WHERE run_id = ?")
-                .bind(&r.run_id)
-                .fetch_all(&mut *tx)
-                .await?;
-        let states = run_job_states(
-            sqlx::query_as("SELECT stage, state FROM jobs WHERE run_id = ?")
-                .bind(&r.run_id)
-                .fetch_all(&mut *tx)
+
+    async fn job_pin(&mut self, run_id: &str, stage: &str) -> Result<Option<(String, String)>> {
+        Ok(
+            sqlx::query_as("SELECT state, plugin_digest FROM jobs WHERE run_id = ? AND stage = ?")
+                .bind(run_id)
+                .bind(stage)
+                .fetch_optional(&mut **self.0)
                 .await?,
-        )?;
-        match rows::repin_after_edges(&r.stage, &r.after, &edges, &states) {
-            Ok(added) => added,
-            Err(reason) => return Ok(RepinOutcome::AfterRefused(reason)),
-        }
-    };
-    for (from, satisfied) in &added {
+        )
+    }
+
+    async fn journaled(&mut self, run_id: &str, stage: &str) -> Result<bool> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM model_calls WHERE run_id = ? AND stage = ?)",
+        )
+        .bind(run_id)
+        .bind(stage)
+        .fetch_one(&mut **self.0)
+        .await?)
+    }
+
+    async fn edges(&mut self, run_id: &str) -> Result<Vec<(String, String)>> {
+        Ok(
+            sqlx::query_as("SELECT from_stage, to_stage FROM edges WHERE run_id = ?")
+                .bind(run_id)
+                .fetch_all(&mut **self.0)
+                .await?,
+        )
+    }
+
+    async fn job_states(&mut self, run_id: &str) -> Result<Vec<(String, String)>> {
+        Ok(
+            sqlx::query_as("SELECT stage, state FROM jobs WHERE run_id = ?")
+                .bind(run_id)
+                .fetch_all(&mut **self.0)
+                .await?,
+        )
+    }
+
+    async fn after_edge_insert(&mut self, r: &JobRepin, from: &str, satisfied: bool) -> Result<()> {
         sqlx::query(
             "INSERT INTO edges (run_id, from_stage, to_stage, kind, satisfied)
              VALUES (?, ?, ?, 'after', ?)",
@@ -215,33 +223,40 @@ pub(super) async fn repin(store: &SqliteStore, r: JobRepin) -> Result<RepinOutco
         .bind(&r.run_id)
         .bind(from)
         .bind(&r.stage)
-        .bind(i64::from(*satisfied))
-        .execute(&mut *tx)
+        .bind(i64::from(satisfied))
+        .execute(&mut **self.0)
         .await?;
+        Ok(())
     }
-    let waits = added.iter().filter(|(_, satisfied)| !satisfied).count() as i64;
-    sqlx::query(
-        "UPDATE jobs SET plugin_digest = ?1, emits = ?2, updated_at = ?3, pending = pending + ?6,
-                state = CASE WHEN ?6 > 0 THEN 'blocked' ELSE state END
-         WHERE run_id = ?4 AND stage = ?5",
-    )
-    .bind(&r.to_digest)
-    .bind(to_json(&r.emits))
-    .bind(r.now)
-    .bind(&r.run_id)
-    .bind(&r.stage)
-    .bind(waits)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "INSERT INTO run_events (run_id, stage, kind, detail, at) VALUES (?, ?, 'upgrade', ?, ?)",
-    )
-    .bind(&r.run_id)
-    .bind(&r.stage)
-    .bind(&r.detail)
-    .bind(r.now)
-    .execute(&mut *tx)
-    .await?;
-    store.commit(tx).await?;
-    Ok(RepinOutcome::Repinned)
+
+    async fn job_repin(&mut self, r: &JobRepin, waits: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE jobs SET plugin_digest = ?1, emits = ?2, updated_at = ?3, pending = pending + ?6,
+                    state = CASE WHEN ?6 > 0 THEN 'blocked' ELSE state END
+             WHERE run_id = ?4 AND stage = ?5",
+        )
+        .bind(&r.to_digest)
+        .bind(to_json(&r.emits))
+        .bind(r.now)
+        .bind(&r.run_id)
+        .bind(&r.stage)
+        .bind(waits)
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn upgrade_record(&mut self, r: &JobRepin) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO run_events (run_id, stage, kind, detail, at)
+             VALUES (?, ?, 'upgrade', ?, ?)",
+        )
+        .bind(&r.run_id)
+        .bind(&r.stage)
+        .bind(&r.detail)
+        .bind(r.now)
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
 }

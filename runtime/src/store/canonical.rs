@@ -1,9 +1,10 @@
-//! The canonical-first insert of one artifact: insert unless its key
-//! `(run, stage, output)` is taken, and when nothing was inserted read the
-//! winner. The digest it returns is the only one a caller may use. Each
-//! backend supplies the two statements ([`CanonicalTx`]).
+//! Canonical-first writes: insert unless the key is taken, and return what
+//! is stored, the winner either way. For one artifact (key `(run, stage,
+//! output)`; the digest returned is the only one a caller may use) and for
+//! one journaled model call (key `(run, stage, index)`). Each backend
+//! supplies the statements ([`CanonicalTx`], [`ModelCallTx`]).
 
-use super::{CanonicalArtifact, CanonicalPut, Result};
+use super::{CanonicalArtifact, CanonicalPut, ModelCall, ModelCallPut, Result};
 
 /// The statements of the canonical-first insert, inside one transaction.
 pub(crate) trait CanonicalTx {
@@ -29,4 +30,22 @@ pub(crate) async fn put(
         digest: tx.artifact_digest(&a).await?,
         inserted: false,
     })
+}
+
+/// The statements of journaling a model call, inside one transaction.
+pub(crate) trait ModelCallTx {
+    /// Inserts unless the call's `(run, stage, index)` is taken.
+    async fn model_call_insert(&mut self, m: &ModelCallPut) -> Result<()>;
+    /// The call stored under the key.
+    async fn model_call_read(&mut self, m: &ModelCallPut) -> Result<ModelCall>;
+}
+
+/// Journals `m` canonical-first and returns the stored call, the earlier
+/// one if another attempt recorded it first.
+pub(crate) async fn put_model_call(
+    tx: &mut impl ModelCallTx,
+    m: &ModelCallPut,
+) -> Result<ModelCall> {
+    tx.model_call_insert(m).await?;
+    tx.model_call_read(m).await
 }

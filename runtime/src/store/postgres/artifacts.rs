@@ -3,7 +3,7 @@
 use sqlx::{PgPool, Row};
 
 use super::*;
-use crate::store::canonical::{self, CanonicalTx};
+use crate::store::canonical::{self, CanonicalTx, ModelCallTx};
 
 /// One artifact, canonical-first, in a transaction of its own.
 pub(super) async fn put_canonical(
@@ -110,32 +110,43 @@ pub(super) async fn inputs_load(
 
 pub(super) async fn model_call_put(store: &PostgresStore, m: ModelCallPut) -> Result<ModelCall> {
     let mut tx = store.begin_write().await?;
-    sqlx::query(
-        "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, rejected,
-                                 attempt, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-         ON CONFLICT (run_id, stage, call_index) DO NOTHING",
-    )
-    .bind(&m.run_id)
-    .bind(&m.stage)
-    .bind(m.index)
-    .bind(&m.request_digest)
-    .bind(m.response.as_bytes())
-    .bind(i64::from(m.rejected))
-    .bind(m.attempt)
-    .bind(m.now)
-    .execute(&mut *tx)
-    .await?;
-    let row = sqlx::query(
-        "SELECT * FROM model_calls WHERE run_id = $1 AND stage = $2 AND call_index = $3",
-    )
-    .bind(&m.run_id)
-    .bind(&m.stage)
-    .bind(m.index)
-    .fetch_one(&mut *tx)
-    .await?;
+    let call = canonical::put_model_call(&mut Canonical(&mut tx), &m).await?;
     tx.commit().await?;
-    rows::model_call(&row)
+    Ok(call)
+}
+
+impl ModelCallTx for Canonical<'_> {
+    async fn model_call_insert(&mut self, m: &ModelCallPut) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, rejected,
+                                         attempt, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (run_id, stage, call_index) DO NOTHING",
+        )
+        .bind(&m.run_id)
+        .bind(&m.stage)
+        .bind(m.index)
+        .bind(&m.request_digest)
+        .bind(m.response.as_bytes())
+        .bind(i64::from(m.rejected))
+        .bind(m.attempt)
+        .bind(m.now)
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn model_call_read(&mut self, m: &ModelCallPut) -> Result<ModelCall> {
+        let row = sqlx::query(
+            "SELECT * FROM model_calls WHERE run_id = $1 AND stage = $2 AND call_index = $3",
+        )
+        .bind(&m.run_id)
+        .bind(&m.stage)
+        .bind(m.index)
+        .fetch_one(&mut **self.0)
+        .await?;
+        rows::model_call(&row)
+    }
 }
 
 pub(super) async fn model_call_get(

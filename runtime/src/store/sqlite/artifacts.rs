@@ -3,7 +3,7 @@
 use sqlx::{Row, SqlitePool};
 
 use super::*;
-use crate::store::canonical::{self, CanonicalTx};
+use crate::store::canonical::{self, CanonicalTx, ModelCallTx};
 
 pub(super) const META_COLUMNS: &str =
     "run_id, stage, output, media_type, digest, size, attempt, plugin_digest, created_at";
@@ -124,31 +124,43 @@ pub(super) async fn inputs_load(
 pub(super) async fn model_call_put(store: &SqliteStore, m: ModelCallPut) -> Result<ModelCall> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
-    sqlx::query(
-        "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, rejected,
-                                 attempt, created_at)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-         ON CONFLICT (run_id, stage, call_index) DO NOTHING",
-    )
-    .bind(&m.run_id)
-    .bind(&m.stage)
-    .bind(m.index)
-    .bind(&m.request_digest)
-    .bind(m.response.as_bytes())
-    .bind(i64::from(m.rejected))
-    .bind(m.attempt)
-    .bind(m.now)
-    .execute(&mut *tx)
-    .await?;
-    let row =
-        sqlx::query("SELECT * FROM model_calls WHERE run_id = ? AND stage = ? AND call_index = ?")
-            .bind(&m.run_id)
-            .bind(&m.stage)
-            .bind(m.index)
-            .fetch_one(&mut *tx)
-            .await?;
+    let call = canonical::put_model_call(&mut Canonical(&mut tx), &m).await?;
     store.commit(tx).await?;
-    rows::model_call(&row)
+    Ok(call)
+}
+
+impl ModelCallTx for Canonical<'_, '_> {
+    async fn model_call_insert(&mut self, m: &ModelCallPut) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, rejected,
+                                         attempt, created_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+             ON CONFLICT (run_id, stage, call_index) DO NOTHING",
+        )
+        .bind(&m.run_id)
+        .bind(&m.stage)
+        .bind(m.index)
+        .bind(&m.request_digest)
+        .bind(m.response.as_bytes())
+        .bind(i64::from(m.rejected))
+        .bind(m.attempt)
+        .bind(m.now)
+        .execute(&mut **self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn model_call_read(&mut self, m: &ModelCallPut) -> Result<ModelCall> {
+        let row = sqlx::query(
+            "SELECT * FROM model_calls WHERE run_id = ? AND stage = ? AND call_index = ?",
+        )
+        .bind(&m.run_id)
+        .bind(&m.stage)
+        .bind(m.index)
+        .fetch_one(&mut **self.0)
+        .await?;
+        rows::model_call(&row)
+    }
 }
 
 pub(super) async fn model_call_get(

@@ -1,8 +1,9 @@
-//! The words a pipeline's plan and the store share: the edges that make
-//! happens-before durable, the bindings that say where an input comes
-//! from, and the identities they name. Plain data; it depends on nothing
-//! else in the crate, so the manifest parser and the store can both use it
-//! without knowing of each other.
+//! The words a pipeline's plan, the host and the store share: the edges
+//! that make happens-before durable, the bindings that say where an input
+//! comes from, the identities they name, and the payload of an artifact.
+//! Plain data; it depends on nothing else in the crate but content
+//! digests, so the manifest parser, the plugin host and the store can all
+//! use it without knowing of each other.
 
 use serde::Serialize;
 
@@ -44,6 +45,30 @@ pub struct InputBinding {
     pub input: String,
     pub from_stage: String,
     pub from_output: String,
+}
+
+/// One named artifact's content, as a stage is given it and as it proposes
+/// it: the one shape an artifact has between the sandbox and the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payload {
+    /// The output's (or input's) name in the stage's manifest.
+    pub name: String,
+    pub media_type: String,
+    pub bytes: Vec<u8>,
+    /// [`sha256_hex`](crate::digest::sha256_hex) of `bytes`.
+    pub digest: String,
+}
+
+impl Payload {
+    /// The payload of `bytes`, its digest computed.
+    pub fn new(name: impl Into<String>, media_type: impl Into<String>, bytes: Vec<u8>) -> Self {
+        Self {
+            name: name.into(),
+            media_type: media_type.into(),
+            digest: crate::digest::sha256_hex(&bytes),
+            bytes,
+        }
+    }
 }
 
 /// A run's input (`$input` in a pipeline) is stored as the artifact

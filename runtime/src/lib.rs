@@ -2,9 +2,7 @@
 //! components. See README.md for the three invariants it keeps.
 
 pub mod audit;
-pub mod bench;
 pub mod bundled;
-pub mod cli;
 pub mod clock;
 pub mod crash;
 pub mod digest;
@@ -20,7 +18,7 @@ pub mod worker;
 
 /// Locks `m`, taking its value even if a panicking holder poisoned it: every
 /// mutex of the crate guards data a panic cannot leave half-written (a
-/// cache, a set of attempts, bench samples).
+/// cache, the leases a scheduler holds).
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -7,9 +7,9 @@ use crate::clock::Clock;
 use crate::manifest::{ManifestError, Pipeline, PluginManifest, PluginResolver, ResolvedPlugin};
 use crate::plugin::{PluginError, PluginHost};
 use crate::store::{
-    Catalog, JobRepin, JobState, NewJob, PluginPut, PluginPutOutcome, PluginSummary, PluginVersion,
-    RepinOutcome, RunState, RunSubmit, RunSubmitOutcome, Store, StoreError, VersionKeyRange,
-    version_key,
+    Catalog, History, Intake, JobRepin, JobState, NewJob, PluginPut, PluginPutOutcome,
+    PluginSummary, PluginVersion, RepinOutcome, RunState, RunSubmit, RunSubmitOutcome, StoreError,
+    VersionKeyRange, version_key,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +78,10 @@ impl RegistrySnapshot {
     /// plugin only when none matches, for the error); then the manifests
     /// of the chosen ones. Its cost grows neither with the other
     /// registered plugins nor with the versions of its own.
-    pub async fn load_for(store: &dyn Catalog, pipeline: &Pipeline) -> Result<Self, RegistryError> {
+    pub async fn load_for(
+        store: &(impl Catalog + ?Sized),
+        pipeline: &Pipeline,
+    ) -> Result<Self, RegistryError> {
         let mut snapshot = Self::default();
         let mut unmatched = Vec::new();
         for (name, req) in pipeline.plugin_refs() {
@@ -137,7 +140,7 @@ impl RegistrySnapshot {
 /// which is semver's except among the pre-releases of one version (they
 /// share a key): once one matches, the walk ends at the next key.
 pub async fn best_version(
-    store: &dyn Catalog,
+    store: &(impl Catalog + ?Sized),
     name: &str,
     req: &semver::VersionReq,
 ) -> Result<Option<PluginVersion>, RegistryError> {
@@ -200,7 +203,7 @@ impl PluginResolver for RegistrySnapshot {
 /// Plans the pipeline against the registry, pins every stage's digest and
 /// writes the run, its jobs, edges and bindings in one transaction.
 pub async fn run_submit(
-    store: &dyn Store,
+    store: &(impl Catalog + Intake + ?Sized),
     pipeline: &Pipeline,
     input: Vec<u8>,
     idempotency_key: Option<String>,
@@ -252,7 +255,7 @@ pub fn parse_plugin_spec(spec: &str) -> Result<(String, Option<semver::Version>)
 
 /// Registered versions of `name` (one, when `version` is given), oldest first.
 pub async fn plugin_versions(
-    store: &dyn Catalog,
+    store: &(impl Catalog + ?Sized),
     name: &str,
     version: Option<&semver::Version>,
 ) -> Result<Vec<PluginSummary>, RegistryError> {
@@ -275,7 +278,7 @@ pub async fn plugin_versions(
 /// version of its plugin, when that version consumes and produces exactly
 /// the same artifacts. Returns the new digest.
 pub async fn stage_upgrade(
-    store: &dyn Store,
+    store: &(impl Catalog + Intake + History + ?Sized),
     run_id: &str,
     stage: &str,
     to: &semver::Version,

@@ -18,7 +18,7 @@ use ratchet_runtime::plugin::{HostConfig, PluginHost};
 use ratchet_runtime::registry;
 use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
 use ratchet_runtime::store::{
-    self, ClaimedJob, JobComplete, JobState, PluginPut, ProposedArtifact, RunState, Store,
+    self, ClaimedJob, JobClaim, JobComplete, JobState, Payload, PluginPut, RunState, Store,
 };
 use ratchet_runtime::worker::{self, WorkerOptions};
 use serde_json::Value;
@@ -468,13 +468,27 @@ pub fn completion(job: &ClaimedJob, worker: &str, now: i64) -> JobComplete {
         attempt: job.attempt,
         worker: worker.into(),
         job: job.into(),
-        outputs: vec![ProposedArtifact {
-            name: "out".into(),
-            media_type: "text/plain".into(),
-            digest: ratchet_runtime::digest::sha256_hex(&bytes),
-            bytes,
-        }],
+        outputs: vec![Payload::new("out", "text/plain", bytes)],
         input_digests: Default::default(),
         now,
     }
+}
+
+/// Claims up to `limit` jobs for `worker` with a one-second lease.
+pub async fn claim(store: &dyn Store, worker: &str, now: i64, limit: usize) -> Vec<ClaimedJob> {
+    store
+        .job_claim(JobClaim {
+            worker: worker.into(),
+            now,
+            lease_ms: 1_000,
+            limit,
+            only_job: None,
+        })
+        .await
+        .expect("claim")
+}
+
+/// `(stage, attempt)` of each job.
+pub fn stages(jobs: &[ClaimedJob]) -> Vec<(&str, i64)> {
+    jobs.iter().map(|j| (j.stage.as_str(), j.attempt)).collect()
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use ratchet_runtime::clock::{ManualClock, SystemClock};
 use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::scheduler::AttemptOutcome;
-use ratchet_runtime::store::{ArtifactPut, ModelCallPut};
+use ratchet_runtime::store::{ArtifactPut, ModelCallPut, Payload};
 use ratchet_tests::{Backend, DEMO_PLUGINS, Harness, output, ratchet};
 
 ratchet_tests::backend_tests! {
@@ -117,13 +117,11 @@ async fn loser_reads_the_winner(backend: Backend) {
     // Artifact A is already committed for this identity, as a separately
     // committed persist (or an earlier attempt) would have left it.
     let a = b"canonical draft A, committed first".to_vec();
+    let artifact_a = Payload::new("draft", "text/plain", a.clone());
     let put = ArtifactPut {
-        run_id: run.clone(),
-        stage: "draft".into(),
-        output: "draft".into(),
-        media_type: "text/plain".into(),
-        digest: sha256_hex(&a),
-        bytes: a.clone(),
+        run_id: &run,
+        stage: "draft",
+        artifact: &artifact_a,
         attempt: 1,
         plugin_digest: None,
         now: 0,

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratchet_runtime::bench::fanout_pipeline;
+use ratchet_bench::fanout_pipeline;
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
 use ratchet_runtime::store::{JobClaim, JobsVacuum, PostgresStore, Queue, SqliteStore};

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use ratchet_runtime::bench::fanout_pipeline;
+use ratchet_bench::fanout_pipeline;
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::store::{
     AUDIT_PAGE_JOBS, AuditVisitor, JobState, RUN_INPUT_STAGE, RunAuditFacts, StageAuditPage,

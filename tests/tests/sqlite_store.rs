@@ -13,15 +13,17 @@
 //! - a run's finished check that trusts the count of unsucceeded jobs
 //!   alone, and a migration that does not count the jobs of the runs in
 //!   flight: the run finished with a job still ready, and the migration
-//!   test failed.
+//!   test failed;
+//! - a claim handing the inputs it read to its jobs in the wrong order
+//!   (`sqlite/jobs.rs`): a job of one run got the other run's input, and
+//!   the claimed-inputs test failed.
 
 use ratchet_runtime::clock::{Clock, SystemClock};
-use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::store::{
-    CheckpointStats, ClaimedJob, History, Intake, JobClaim, JobComplete, NewJob, ProposedArtifact,
+    CheckpointStats, ClaimedJob, History, Intake, JobBatch, JobClaim, JobComplete, NewJob, Payload,
     Queue, RunSubmit, SqliteStore,
 };
-use ratchet_tests::BOUND;
+use ratchet_tests::{BOUND, Harness, claim, completion, stages};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
@@ -120,12 +122,11 @@ async fn a_run_in_flight_across_migration_7_finishes_when_its_last_job_succeeds(
         attempt: job.attempt,
         worker: "w".into(),
         job: job.into(),
-        outputs: vec![ProposedArtifact {
-            name: "out".into(),
-            media_type: "text/plain".into(),
-            digest: sha256_hex(job.stage.as_bytes()),
-            bytes: job.stage.clone().into_bytes(),
-        }],
+        outputs: vec![Payload::new(
+            "out",
+            "text/plain",
+            job.stage.clone().into_bytes(),
+        )],
         input_digests: Default::default(),
         now: 1,
     };
@@ -155,4 +156,81 @@ async fn a_run_in_flight_across_migration_7_finishes_when_its_last_job_succeeds(
         .await
         .expect("complete c");
     assert_eq!(state(&store).await, "succeeded");
+}
+
+/// On SQLite a claim reads its jobs' inputs in its own transaction, so a
+/// stage does not wait for a read of its own. Each job gets its own run's
+/// canonical input, whatever its place in the claim, the same as reading
+/// them afterwards returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_on_sqlite_carries_each_jobs_own_canonical_inputs() {
+    let h = Harness::new().await;
+    h.register(&["pass", "noop"]).await;
+    let pipeline = ratchet_bench::fanout_pipeline(2);
+    let runs = [
+        h.submit(&pipeline, b"first run").await,
+        h.submit(&pipeline, b"second run").await,
+    ];
+    let claimed = claim(h.store.as_ref(), "w", h.clock.now_ms(), 10).await;
+    assert_eq!(
+        claimed.len(),
+        4,
+        "two roots of each run: {:?}",
+        stages(&claimed)
+    );
+    for job in &claimed {
+        let inputs = job.inputs.as_ref().expect("inputs read in the claim");
+        let expected = if job.run_id == runs[0] {
+            "first run"
+        } else {
+            "second run"
+        };
+        let bytes: Vec<_> = inputs
+            .iter()
+            .map(|i| i.artifact.as_ref().map(|a| a.bytes.as_slice()))
+            .collect();
+        assert_eq!(
+            bytes,
+            [Some(expected.as_bytes())],
+            "{} of {}",
+            job.stage,
+            job.run_id
+        );
+        let read_after = h
+            .store
+            .job_inputs_load(&job.run_id, &job.stage)
+            .await
+            .expect("read the inputs");
+        let key = |i: &ratchet_runtime::store::LoadedInput| {
+            let digest = i.artifact.as_ref().map(|a| a.meta.digest.clone());
+            (
+                i.input.clone(),
+                i.from_stage.clone(),
+                i.from_output.clone(),
+                digest,
+            )
+        };
+        assert_eq!(
+            inputs.iter().map(key).collect::<Vec<_>>(),
+            read_after.iter().map(key).collect::<Vec<_>>()
+        );
+    }
+    // The join has no inputs: an empty list, read, not a list still to read.
+    let roots: Vec<_> = claimed.iter().filter(|j| j.run_id == runs[0]).collect();
+    let batch = JobBatch {
+        completions: roots
+            .iter()
+            .map(|j| completion(j, "w", h.clock.now_ms()))
+            .collect(),
+        claim: Some(JobClaim {
+            worker: "w".into(),
+            now: h.clock.now_ms(),
+            lease_ms: 1_000,
+            limit: 1,
+            only_job: None,
+        }),
+    };
+    let outcome = h.store.job_batch(&batch).await.expect("complete the roots");
+    assert_eq!(stages(&outcome.claimed), [("join", 1)]);
+    assert_eq!(outcome.claimed[0].inputs.as_ref().map(Vec::len), Some(0));
 }

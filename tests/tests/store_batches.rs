@@ -4,17 +4,14 @@
 //!
 //! Checked on buggy shapes, each seen failing here (on SQLite):
 //! - a batch answering `LeaseLost` for every attempt as soon as one is
-//!   fenced out (`store/complete.rs`): the fencing test failed;
+//!   fenced out (`store/complete/rows.rs`): the fencing test failed;
 //! - one dependent decrement per batch instead of one per satisfied edge:
 //!   the join stayed blocked and the fan-in test failed;
 //! - ready jobs claimed before expired leases (`sqlite/jobs.rs`): the
 //!   claim-order test failed;
 //! - live attempts matched to their fenced job row by job id alone
-//!   (`store/complete.rs`): the earlier attempt of a job took the row and
+//!   (`store/complete/rows.rs`): the earlier attempt of a job took the row and
 //!   stored its proposal, and the same-job test failed;
-//! - a SQLite claim handing the inputs it read to its jobs in the wrong
-//!   order (`sqlite/jobs.rs`): a job of one run got the other run's input,
-//!   and the claimed-inputs test failed;
 //! - a SQLite claim that does not empty the writer's scratch table of
 //!   picked jobs first, and a completion that does not empty the one of
 //!   satisfied edges (`sqlite/jobs.rs`, `sqlite/complete.rs`): the
@@ -31,10 +28,10 @@ use std::sync::Arc;
 
 use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::store::{
-    ClaimedJob, CompleteOutcome, EdgeKind, History, JobBatch, JobClaim, JobState, NewEdge, NewJob,
-    PostgresStore, Queue, RUN_INPUT_STAGE, RunSubmit, Store,
+    CompleteOutcome, EdgeKind, History, JobBatch, JobClaim, JobState, NewEdge, NewJob,
+    PostgresStore, Queue, RUN_INPUT_STAGE, RunSubmit,
 };
-use ratchet_tests::{Backend, Harness, completion};
+use ratchet_tests::{Backend, Harness, claim, completion, stages};
 
 ratchet_tests::backend_tests! {
     a_batched_claim_takes_expired_leases_first_then_the_oldest_ready_jobs => claim_order;
@@ -84,23 +81,6 @@ async fn fan_in(h: &Harness, now: i64) -> String {
         .await
         .expect("submit");
     submitted.run_id().to_string()
-}
-
-async fn claim(store: &dyn Store, worker: &str, now: i64, limit: usize) -> Vec<ClaimedJob> {
-    store
-        .job_claim(JobClaim {
-            worker: worker.into(),
-            now,
-            lease_ms: 1_000,
-            limit,
-            only_job: None,
-        })
-        .await
-        .expect("claim")
-}
-
-fn stages(jobs: &[ClaimedJob]) -> Vec<(&str, i64)> {
-    jobs.iter().map(|j| (j.stage.as_str(), j.attempt)).collect()
 }
 
 async fn claim_order(backend: Backend) {
@@ -436,81 +416,4 @@ async fn postgres_writes_a_common_batch_in_one_call_and_any_other_in_steps() {
     assert_eq!(events, ["a.done", "b.done", "c.done", "j.done"]);
     let audit = h.audit().await;
     assert!(audit.is_clean(), "{audit:?}");
-}
-
-/// On SQLite a claim reads its jobs' inputs in its own transaction, so a
-/// stage does not wait for a read of its own. Each job gets its own run's
-/// canonical input, whatever its place in the claim, the same as reading
-/// them afterwards returns.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_on_sqlite_carries_each_jobs_own_canonical_inputs() {
-    let h = Harness::new().await;
-    h.register(&["pass", "noop"]).await;
-    let pipeline = ratchet_runtime::bench::fanout_pipeline(2);
-    let runs = [
-        h.submit(&pipeline, b"first run").await,
-        h.submit(&pipeline, b"second run").await,
-    ];
-    let claimed = claim(h.store.as_ref(), "w", h.clock.now_ms(), 10).await;
-    assert_eq!(
-        claimed.len(),
-        4,
-        "two roots of each run: {:?}",
-        stages(&claimed)
-    );
-    for job in &claimed {
-        let inputs = job.inputs.as_ref().expect("inputs read in the claim");
-        let expected = if job.run_id == runs[0] {
-            "first run"
-        } else {
-            "second run"
-        };
-        let bytes: Vec<_> = inputs
-            .iter()
-            .map(|i| i.artifact.as_ref().map(|a| a.bytes.as_slice()))
-            .collect();
-        assert_eq!(
-            bytes,
-            [Some(expected.as_bytes())],
-            "{} of {}",
-            job.stage,
-            job.run_id
-        );
-        let read_after = h
-            .store
-            .job_inputs_load(&job.run_id, &job.stage)
-            .await
-            .expect("read the inputs");
-        let key = |i: &ratchet_runtime::store::LoadedInput| {
-            let digest = i.artifact.as_ref().map(|a| a.meta.digest.clone());
-            (
-                i.input.clone(),
-                i.from_stage.clone(),
-                i.from_output.clone(),
-                digest,
-            )
-        };
-        assert_eq!(
-            inputs.iter().map(key).collect::<Vec<_>>(),
-            read_after.iter().map(key).collect::<Vec<_>>()
-        );
-    }
-    // The join has no inputs: an empty list, read, not a list still to read.
-    let roots: Vec<_> = claimed.iter().filter(|j| j.run_id == runs[0]).collect();
-    let batch = JobBatch {
-        completions: roots
-            .iter()
-            .map(|j| completion(j, "w", h.clock.now_ms()))
-            .collect(),
-        claim: Some(JobClaim {
-            worker: "w".into(),
-            now: h.clock.now_ms(),
-            lease_ms: 1_000,
-            limit: 1,
-            only_job: None,
-        }),
-    };
-    let outcome = h.store.job_batch(&batch).await.expect("complete the roots");
-    assert_eq!(stages(&outcome.claimed), [("join", 1)]);
-    assert_eq!(outcome.claimed[0].inputs.as_ref().map(Vec::len), Some(0));
 }

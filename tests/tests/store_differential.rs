@@ -11,10 +11,9 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ratchet_runtime::clock::SystemClock;
-use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::store::{
-    ClaimedJob, EdgeKind, InputBinding, JobClaim, JobComplete, JobFail, NewEdge, NewJob,
-    ProposedArtifact, RunSubmit, Store,
+    ClaimedJob, EdgeKind, InputBinding, JobClaim, JobComplete, JobFail, NewEdge, NewJob, Payload,
+    RunSubmit, Store,
 };
 use ratchet_tests::{Backend, Harness};
 use serde_json::{Value, json};
@@ -103,12 +102,7 @@ async fn apply(store: &dyn Store, seed: u64) -> Value {
                         attempt: job.attempt,
                         worker,
                         job: (&job).into(),
-                        outputs: vec![ProposedArtifact {
-                            name: "out".into(),
-                            media_type: "text/plain".into(),
-                            digest: sha256_hex(&bytes),
-                            bytes,
-                        }],
+                        outputs: vec![Payload::new("out", "text/plain", bytes)],
                         input_digests: BTreeMap::new(),
                         now,
                     });

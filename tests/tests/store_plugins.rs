@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
-use ratchet_runtime::bench::fanout_pipeline;
+use ratchet_bench::fanout_pipeline;
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::manifest::Pipeline;
 use ratchet_runtime::registry::{RegistrySnapshot, best_version};

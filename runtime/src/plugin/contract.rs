@@ -54,10 +54,6 @@ pub(super) fn check_outputs(
     }
     Ok(outputs
         .into_iter()
-        .map(|o| Payload {
-            name: o.name,
-            media_type: o.media_type,
-            bytes: o.bytes,
-        })
+        .map(|o| Payload::new(o.name, o.media_type, o.bytes))
         .collect())
 }

@@ -27,6 +27,7 @@ use crate::manifest::{ManifestError, PluginManifest};
 use crate::store::{Catalog, Store, StoreError};
 use crate::text::escape_controls;
 
+pub use crate::graph::Payload;
 pub use cache::DiskCache;
 pub use host::HostFailure;
 pub use policy::{
@@ -41,6 +42,7 @@ wasmtime::component::bindgen!({
     exports: { default: async },
 });
 
+/// The guest's side of a [`Payload`]: converted only where it crosses.
 use ratchet::stage::types::Artifact as WitArtifact;
 
 const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -140,14 +142,6 @@ pub struct Invocation {
     pub stage: String,
     pub attempt: i64,
     pub idempotency_key: String,
-}
-
-/// One named artifact crossing the sandbox boundary.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Payload {
-    pub name: String,
-    pub media_type: String,
-    pub bytes: Vec<u8>,
 }
 
 /// What the host tells about an attempt besides its outputs.

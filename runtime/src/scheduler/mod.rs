@@ -3,119 +3,32 @@
 //! drive it step by step in any order they like. Completions go through
 //! one group committer per scheduler (`group_commit`).
 
+mod config;
 mod executor;
 mod group_commit;
+mod outcome;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rand::Rng;
-
 use crate::clock::Clock;
 use crate::crash;
-use crate::digest::sha256_hex;
 use crate::lock;
 use crate::plugin::{ExecError, ExecReport, Invocation, Payload};
 use crate::store::{
     CanonicalOutput, ClaimedJob, CompleteOutcome, FailOutcome, JobClaim, JobComplete, JobFail,
-    LeaseRenewal, LoadedInput, ProposedArtifact, Queue, StoreError,
+    LeaseRenewal, LoadedInput, Queue, StoreError,
 };
+pub use config::{Backoff, SchedulerConfig};
 pub use executor::StageExecutor;
 pub use group_commit::CommitStats;
 use group_commit::{Claimer, GroupCommit};
-
-/// Exponential backoff with jitter: `base * 2^(attempt-1)`, capped, then
-/// scaled by a random factor in `[1 - jitter, 1 + jitter]`.
-#[derive(Debug, Clone, Copy)]
-pub struct Backoff {
-    pub base_ms: i64,
-    pub max_ms: i64,
-    pub jitter: f64,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            base_ms: 1_000,
-            max_ms: 5 * 60 * 1_000,
-            jitter: 0.2,
-        }
-    }
-}
-
-impl Backoff {
-    /// Delay before the attempt after `attempt` (1-based).
-    pub fn delay_ms(&self, attempt: i64) -> i64 {
-        let exp = (attempt - 1).clamp(0, 30) as u32;
-        let raw = self.base_ms.saturating_mul(1i64 << exp).min(self.max_ms);
-        let factor = 1.0 + self.jitter * (rand::rng().random::<f64>() * 2.0 - 1.0);
-        ((raw as f64) * factor).round() as i64
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct SchedulerConfig {
-    /// Recorded on leases and attempts; host + pid by default.
-    pub worker_id: String,
-    pub lease_ms: i64,
-    pub backoff: Backoff,
-    /// Most completions committed in one transaction.
-    pub commit_batch: usize,
-    /// How long a commit waits for the next completion of the jobs the
-    /// previous one claimed, while they keep coming (at most eight times
-    /// this in all; zero: never waits; see `group_commit`).
-    pub commit_linger: std::time::Duration,
-}
-
-impl SchedulerConfig {
-    pub fn new(worker_id: impl Into<String>) -> Self {
-        Self {
-            worker_id: worker_id.into(),
-            lease_ms: 60_000,
-            backoff: Backoff::default(),
-            commit_batch: 64,
-            commit_linger: std::time::Duration::from_millis(1),
-        }
-    }
-}
+use outcome::log_outcome;
+pub use outcome::{AttemptOutcome, Execution, Finished};
 
 /// How often `run_claimed` retries a transiently failed completion.
 const FINISH_RETRIES: u32 = 5;
-
-/// How an attempt ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AttemptOutcome {
-    Succeeded {
-        outputs: Vec<CanonicalOutput>,
-        released: Vec<String>,
-    },
-    Retrying {
-        at: i64,
-        error: String,
-    },
-    Dead {
-        error: String,
-    },
-    /// Fenced out: another attempt owns the job now; nothing was written.
-    LeaseLost,
-}
-
-/// What `execute` produced, before anything is committed.
-#[derive(Debug, Clone)]
-pub struct Execution {
-    /// Digest of the exact bytes handed to the plugin, per input.
-    pub input_digests: BTreeMap<String, String>,
-    pub result: Result<Vec<Payload>, ExecError>,
-    pub report: ExecReport,
-}
-
-#[derive(Debug, Clone)]
-pub struct Finished {
-    pub job: ClaimedJob,
-    pub outcome: AttemptOutcome,
-    pub report: ExecReport,
-}
 
 /// Told when a commit released stages and when a job started executing,
 /// for `ratchet bench`'s release-latency figure.
@@ -147,23 +60,28 @@ impl Scheduler {
         clock: Arc<dyn Clock>,
         config: SchedulerConfig,
     ) -> Self {
+        Self::observed(store, executor, clock, config, None)
+    }
+
+    /// [`Scheduler::new`], telling `probe` (if any) when a job starts and
+    /// when a commit releases stages.
+    pub fn observed(
+        store: Arc<dyn Queue>,
+        executor: Arc<dyn StageExecutor>,
+        clock: Arc<dyn Clock>,
+        config: SchedulerConfig,
+        probe: Option<Arc<dyn SchedulerProbe>>,
+    ) -> Self {
         Self {
-            commits: group_commit(&store, &clock, &config, None),
+            commits: group_commit(&store, &clock, &config, probe.clone()),
             store,
             executor,
             clock,
             config,
-            probe: None,
+            probe,
             held: Mutex::default(),
             maybe_orphans: AtomicBool::new(false),
         }
-    }
-
-    pub fn with_probe(mut self, probe: Arc<dyn SchedulerProbe>) -> Self {
-        let probe = Some(probe);
-        self.commits = group_commit(&self.store, &self.clock, &self.config, probe.clone());
-        self.probe = probe;
-        self
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -311,12 +229,9 @@ impl Scheduler {
                     report: ExecReport::default(),
                 });
             };
-            input_digests.insert(input.input.clone(), sha256_hex(&artifact.bytes));
-            inputs.push(Payload {
-                name: input.input,
-                media_type: artifact.meta.media_type,
-                bytes: artifact.bytes,
-            });
+            let payload = Payload::new(input.input, artifact.meta.media_type, artifact.bytes);
+            input_digests.insert(payload.name.clone(), payload.digest.clone());
+            inputs.push(payload);
         }
         let invocation = Invocation {
             run_id: job.run_id.clone(),
@@ -358,28 +273,16 @@ impl Scheduler {
         let mut next = None;
         let outcome = match &execution.result {
             Ok(outputs) => {
-                let outputs = outputs
-                    .iter()
-                    .map(|p| ProposedArtifact {
-                        digest: sha256_hex(&p.bytes),
-                        name: p.name.clone(),
-                        media_type: p.media_type.clone(),
-                        bytes: p.bytes.clone(),
-                    })
-                    .collect();
                 let complete = JobComplete {
                     job_id: job.job_id,
                     attempt: job.attempt,
                     worker: self.config.worker_id.clone(),
                     job: job.into(),
-                    outputs,
+                    outputs: outputs.clone(),
                     input_digests: execution.input_digests.clone(),
                     now,
                 };
-                let (completed, claimed) = self
-                    .commits
-                    .complete(&job.run_id, complete, claim_next)
-                    .await?;
+                let (completed, claimed) = self.commits.complete(complete, claim_next).await?;
                 self.hand_over(job, claimed.as_ref());
                 next = claimed;
                 match completed {
@@ -542,38 +445,6 @@ fn group_commit(
         config.commit_linger,
         claimer,
     )
-}
-
-fn log_outcome(job: &ClaimedJob, outcome: &AttemptOutcome) {
-    let (run, stage, attempt) = (job.run_id.as_str(), job.stage.as_str(), job.attempt);
-    match outcome {
-        AttemptOutcome::Succeeded { outputs, released } => {
-            let lost = outputs.iter().filter(|o| !o.won).count();
-            tracing::info!(
-                run,
-                stage,
-                attempt,
-                lost_proposals = lost,
-                ?released,
-                "stage succeeded"
-            );
-        }
-        AttemptOutcome::Retrying { at, error } => {
-            tracing::warn!(
-                run,
-                stage,
-                attempt,
-                retry_at = at,
-                "attempt failed: {error}"
-            );
-        }
-        AttemptOutcome::Dead { error } => {
-            tracing::error!(run, stage, attempt, "stage dead: {error}")
-        }
-        AttemptOutcome::LeaseLost => {
-            tracing::warn!(run, stage, attempt, "lease lost; result discarded")
-        }
-    }
 }
 
 /// What [`Scheduler::renew_leases`] keeps of a claimed job.

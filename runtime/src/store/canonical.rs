@@ -4,21 +4,21 @@
 //! one journaled model call (key `(run, stage, index)`). Each backend
 //! supplies the statements ([`CanonicalTx`], [`ModelCallTx`]).
 
-use super::{CanonicalArtifact, CanonicalPut, ModelCall, ModelCallPut, Result};
+use super::{ArtifactPut, CanonicalArtifact, ModelCall, ModelCallPut, Result};
 
 /// The statements of the canonical-first insert, inside one transaction.
 pub(crate) trait CanonicalTx {
     /// Inserts unless the key is taken: the digest inserted, if it was.
-    async fn artifact_insert(&mut self, a: &CanonicalPut<'_>) -> Result<Option<String>>;
+    async fn artifact_insert(&mut self, a: &ArtifactPut<'_>) -> Result<Option<String>>;
     /// The digest stored under the key (committed by the time the insert
     /// returned, under READ COMMITTED or SQLite's single writer).
-    async fn artifact_digest(&mut self, a: &CanonicalPut<'_>) -> Result<String>;
+    async fn artifact_digest(&mut self, a: &ArtifactPut<'_>) -> Result<String>;
 }
 
 /// Stores `a` canonical-first and returns the stored winner either way.
 pub(crate) async fn put(
     tx: &mut impl CanonicalTx,
-    a: CanonicalPut<'_>,
+    a: ArtifactPut<'_>,
 ) -> Result<CanonicalArtifact> {
     if let Some(digest) = tx.artifact_insert(&a).await? {
         return Ok(CanonicalArtifact {

@@ -154,7 +154,7 @@ macro_rules! impl_store {
             async fn job_inputs_load(&self, run_id: &str, stage: &str) -> Result<Vec<LoadedInput>> {
                 artifacts::inputs_load(self, run_id, stage).await
             }
-            async fn artifact_put_canonical(&self, a: ArtifactPut) -> Result<CanonicalArtifact> {
+            async fn artifact_put_canonical(&self, a: ArtifactPut<'_>) -> Result<CanonicalArtifact> {
                 artifacts::put_canonical(self, a).await
             }
             async fn attempt_get(&self, job_id: i64, attempt: i64) -> Result<Option<AttemptRow>> {
@@ -221,7 +221,7 @@ macro_rules! impl_store {
 
         #[async_trait::async_trait]
         impl RawLimit for $store {
-            async fn raw_completion(&self, r: RawCompletion) -> Result<()> {
+            async fn raw_completion(&self, r: RawCompletion<'_>) -> Result<()> {
                 bench::raw_completion(self, r).await
             }
         }

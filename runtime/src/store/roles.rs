@@ -112,7 +112,7 @@ pub trait Queue: Send + Sync {
     async fn job_inputs_load(&self, run_id: &str, stage: &str) -> Result<Vec<LoadedInput>>;
     /// The canonical-first step of a completion on its own: insert unless
     /// present, and return the stored winner either way.
-    async fn artifact_put_canonical(&self, a: ArtifactPut) -> Result<CanonicalArtifact>;
+    async fn artifact_put_canonical(&self, a: ArtifactPut<'_>) -> Result<CanonicalArtifact>;
     /// One attempt's row.
     async fn attempt_get(&self, job_id: i64, attempt: i64) -> Result<Option<AttemptRow>>;
     /// The jobs running under `worker`'s leases, their inputs not loaded:
@@ -194,7 +194,7 @@ pub trait History: Send + Sync {
 /// opens a store with it ([`super::open_measured`]).
 #[async_trait]
 pub trait RawLimit: Send + Sync {
-    async fn raw_completion(&self, r: RawCompletion) -> Result<()>;
+    async fn raw_completion(&self, r: RawCompletion<'_>) -> Result<()>;
 }
 
 /// A store together with its raw limit, for `ratchet bench`.

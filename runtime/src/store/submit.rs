@@ -3,8 +3,7 @@
 //! once; each backend supplies the statements ([`SubmitTx`]).
 
 use super::{
-    ArtifactPut, CanonicalPut, RUN_INPUT_OUTPUT, RUN_INPUT_STAGE, Result, RunSubmit,
-    RunSubmitOutcome,
+    ArtifactPut, Payload, RUN_INPUT_OUTPUT, RUN_INPUT_STAGE, Result, RunSubmit, RunSubmitOutcome,
 };
 
 /// The statements of a submission, inside one open transaction. Each table's
@@ -17,7 +16,7 @@ pub(crate) trait SubmitTx {
     /// The id of the run that holds this idempotency key.
     async fn run_of_key(&mut self, key: &str) -> Result<String>;
     /// The run's input, canonical-first.
-    async fn input_insert(&mut self, input: CanonicalPut<'_>) -> Result<()>;
+    async fn input_insert(&mut self, input: ArtifactPut<'_>) -> Result<()>;
     /// Every job, with its initial state and pending count
     /// ([`RunSubmit::initial_states`]).
     async fn jobs_insert(&mut self, r: &RunSubmit, states: &[(&str, i64)]) -> Result<()>;
@@ -36,19 +35,20 @@ pub(crate) async fn submit(tx: &mut impl SubmitTx, mut r: RunSubmit) -> Result<R
         let key = r.idempotency_key.as_deref().unwrap_or_default();
         return Ok(RunSubmitOutcome::Existing(tx.run_of_key(key).await?));
     }
-    let bytes = std::mem::take(&mut r.input);
-    let input = ArtifactPut {
-        run_id: r.run_id.clone(),
-        stage: RUN_INPUT_STAGE.to_string(),
-        output: RUN_INPUT_OUTPUT.to_string(),
-        media_type: "application/octet-stream".to_string(),
-        digest: crate::digest::sha256_hex(&bytes),
-        bytes,
+    let input = Payload::new(
+        RUN_INPUT_OUTPUT,
+        "application/octet-stream",
+        std::mem::take(&mut r.input),
+    );
+    tx.input_insert(ArtifactPut {
+        run_id: &r.run_id,
+        stage: RUN_INPUT_STAGE,
+        artifact: &input,
         attempt: 0,
         plugin_digest: None,
         now: r.now,
-    };
-    tx.input_insert(input.borrowed()).await?;
+    })
+    .await?;
     tx.jobs_insert(&r, &r.initial_states()).await?;
     tx.edges_insert(&r).await?;
     tx.inputs_insert(&r).await?;

@@ -1,4 +1,4 @@
 //! The `ratchet` CLI, built inside the test crate so tests can spawn it.
 fn main() -> std::process::ExitCode {
-    ratchet_runtime::cli::main()
+    ratchet_cli::main()
 }

@@ -8,10 +8,10 @@ use crate::store::canonical::{self, CanonicalTx, ModelCallTx};
 /// One artifact, canonical-first, in a transaction of its own.
 pub(super) async fn put_canonical(
     store: &PostgresStore,
-    a: ArtifactPut,
+    a: ArtifactPut<'_>,
 ) -> Result<CanonicalArtifact> {
     let mut tx = store.begin_write().await?;
-    let canonical = canonical::put(&mut Canonical(&mut tx), a.borrowed()).await?;
+    let canonical = canonical::put(&mut Canonical(&mut tx), a).await?;
     tx.commit().await?;
     Ok(canonical)
 }
@@ -21,7 +21,7 @@ pub(super) async fn put_canonical(
 pub(super) struct Canonical<'t>(pub &'t mut Tx);
 
 impl CanonicalTx for Canonical<'_> {
-    async fn artifact_insert(&mut self, a: &CanonicalPut<'_>) -> Result<Option<String>> {
+    async fn artifact_insert(&mut self, a: &ArtifactPut<'_>) -> Result<Option<String>> {
         Ok(sqlx::query_scalar(
             "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
                                     attempt, plugin_digest, created_at)
@@ -31,11 +31,11 @@ impl CanonicalTx for Canonical<'_> {
         )
         .bind(a.run_id)
         .bind(a.stage)
-        .bind(a.output)
-        .bind(a.media_type)
-        .bind(a.bytes)
-        .bind(a.digest)
-        .bind(a.bytes.len() as i64)
+        .bind(&a.artifact.name)
+        .bind(&a.artifact.media_type)
+        .bind(&a.artifact.bytes)
+        .bind(&a.artifact.digest)
+        .bind(a.artifact.bytes.len() as i64)
         .bind(a.attempt)
         .bind(a.plugin_digest)
         .bind(a.now)
@@ -43,13 +43,13 @@ impl CanonicalTx for Canonical<'_> {
         .await?)
     }
 
-    async fn artifact_digest(&mut self, a: &CanonicalPut<'_>) -> Result<String> {
+    async fn artifact_digest(&mut self, a: &ArtifactPut<'_>) -> Result<String> {
         Ok(sqlx::query_scalar(
             "SELECT digest FROM artifacts WHERE run_id = $1 AND stage = $2 AND output = $3",
         )
         .bind(a.run_id)
         .bind(a.stage)
-        .bind(a.output)
+        .bind(&a.artifact.name)
         .fetch_one(&mut **self.0)
         .await?)
     }

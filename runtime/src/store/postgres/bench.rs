@@ -6,11 +6,11 @@ use sqlx::PgPool;
 
 use super::*;
 
-pub(super) async fn raw_completion(store: &PostgresStore, r: RawCompletion) -> Result<()> {
+pub(super) async fn raw_completion(store: &PostgresStore, r: RawCompletion<'_>) -> Result<()> {
     let mut tx = store.begin_write().await?;
-    crate::store::canonical::put(&mut artifacts::Canonical(&mut tx), r.artifact.borrowed()).await?;
+    crate::store::canonical::put(&mut artifacts::Canonical(&mut tx), r.put).await?;
     sqlx::query("UPDATE jobs SET updated_at = $1 WHERE id = $2")
-        .bind(r.artifact.now)
+        .bind(r.put.now)
         .bind(r.job_id)
         .execute(&mut *tx)
         .await?;
@@ -18,12 +18,12 @@ pub(super) async fn raw_completion(store: &PostgresStore, r: RawCompletion) -> R
         "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
          VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (dedup_key) DO NOTHING",
     )
-    .bind(format!("{}/{}/raw", r.artifact.run_id, r.artifact.output))
-    .bind(&r.artifact.run_id)
-    .bind(&r.artifact.stage)
+    .bind(format!("{}/{}/raw", r.put.run_id, r.put.artifact.name))
+    .bind(r.put.run_id)
+    .bind(r.put.stage)
     .bind("bench.raw")
     .bind("{}")
-    .bind(r.artifact.now)
+    .bind(r.put.now)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;

@@ -80,10 +80,10 @@ fn bind_fence_and_insert<'q>(
         .bind(column(attempts, |a| a.worker))
         .bind(column(proposals, |p| p.job_id))
         .bind(column(proposals, |p| p.attempt))
-        .bind(column(proposals, |p| p.output))
-        .bind(column(proposals, |p| p.media_type))
-        .bind(column(proposals, |p| p.bytes))
-        .bind(column(proposals, |p| p.digest))
+        .bind(column(proposals, |p| p.artifact.name.as_str()))
+        .bind(column(proposals, |p| p.artifact.media_type.as_str()))
+        .bind(column(proposals, |p| p.artifact.bytes.as_slice()))
+        .bind(column(proposals, |p| p.artifact.digest.as_str()))
         .bind(column(proposals, |p| p.now))
 }
 
@@ -210,7 +210,7 @@ impl CompletionTx for Completion<'_> {
         Ok((fenced, inserted))
     }
 
-    async fn artifacts_read(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
+    async fn artifacts_read(&mut self, puts: &[ArtifactPut<'_>]) -> Result<Vec<StoredKey>> {
         Ok(sqlx::query_as(
             "SELECT a.run_id, a.stage, a.output, a.digest
              FROM UNNEST($1::TEXT[], $2::TEXT[], $3::TEXT[]) AS k(run_id, stage, output)
@@ -219,7 +219,7 @@ impl CompletionTx for Completion<'_> {
         )
         .bind(column(puts, |a| a.run_id))
         .bind(column(puts, |a| a.stage))
-        .bind(column(puts, |a| a.output))
+        .bind(column(puts, |a| a.artifact.name.as_str()))
         .fetch_all(&mut **self.0)
         .await?)
     }

@@ -42,7 +42,7 @@ impl SubmitTx for Submitting<'_> {
         )
     }
 
-    async fn input_insert(&mut self, input: CanonicalPut<'_>) -> Result<()> {
+    async fn input_insert(&mut self, input: ArtifactPut<'_>) -> Result<()> {
         crate::store::canonical::put(&mut artifacts::Canonical(self.0), input).await?;
         Ok(())
     }

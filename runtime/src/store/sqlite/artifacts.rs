@@ -11,11 +11,11 @@ pub(super) const META_COLUMNS: &str =
 /// One artifact, canonical-first, in a transaction of its own.
 pub(super) async fn put_canonical(
     store: &SqliteStore,
-    a: ArtifactPut,
+    a: ArtifactPut<'_>,
 ) -> Result<CanonicalArtifact> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
-    let canonical = canonical::put(&mut Canonical(&mut tx), a.borrowed()).await?;
+    let canonical = canonical::put(&mut Canonical(&mut tx), a).await?;
     store.commit(tx).await?;
     Ok(canonical)
 }
@@ -25,7 +25,7 @@ pub(super) async fn put_canonical(
 pub(super) struct Canonical<'t, 'c>(pub &'t mut Tx<'c>);
 
 impl CanonicalTx for Canonical<'_, '_> {
-    async fn artifact_insert(&mut self, a: &CanonicalPut<'_>) -> Result<Option<String>> {
+    async fn artifact_insert(&mut self, a: &ArtifactPut<'_>) -> Result<Option<String>> {
         Ok(sqlx::query_scalar(
             "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
                                     attempt, plugin_digest, created_at)
@@ -35,11 +35,11 @@ impl CanonicalTx for Canonical<'_, '_> {
         )
         .bind(a.run_id)
         .bind(a.stage)
-        .bind(a.output)
-        .bind(a.media_type)
-        .bind(a.bytes)
-        .bind(a.digest)
-        .bind(a.bytes.len() as i64)
+        .bind(&a.artifact.name)
+        .bind(&a.artifact.media_type)
+        .bind(&a.artifact.bytes)
+        .bind(&a.artifact.digest)
+        .bind(a.artifact.bytes.len() as i64)
         .bind(a.attempt)
         .bind(a.plugin_digest)
         .bind(a.now)
@@ -47,13 +47,13 @@ impl CanonicalTx for Canonical<'_, '_> {
         .await?)
     }
 
-    async fn artifact_digest(&mut self, a: &CanonicalPut<'_>) -> Result<String> {
+    async fn artifact_digest(&mut self, a: &ArtifactPut<'_>) -> Result<String> {
         Ok(sqlx::query_scalar(
             "SELECT digest FROM artifacts WHERE run_id = ? AND stage = ? AND output = ?",
         )
         .bind(a.run_id)
         .bind(a.stage)
-        .bind(a.output)
+        .bind(&a.artifact.name)
         .fetch_one(&mut **self.0)
         .await?)
     }

@@ -4,12 +4,12 @@
 
 use super::*;
 
-pub(super) async fn raw_completion(store: &SqliteStore, r: RawCompletion) -> Result<()> {
+pub(super) async fn raw_completion(store: &SqliteStore, r: RawCompletion<'_>) -> Result<()> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
-    crate::store::canonical::put(&mut artifacts::Canonical(&mut tx), r.artifact.borrowed()).await?;
+    crate::store::canonical::put(&mut artifacts::Canonical(&mut tx), r.put).await?;
     sqlx::query("UPDATE jobs SET updated_at = ? WHERE id = ?")
-        .bind(r.artifact.now)
+        .bind(r.put.now)
         .bind(r.job_id)
         .execute(&mut *tx)
         .await?;
@@ -17,12 +17,12 @@ pub(super) async fn raw_completion(store: &SqliteStore, r: RawCompletion) -> Res
         "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
          VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (dedup_key) DO NOTHING",
     )
-    .bind(format!("{}/{}/raw", r.artifact.run_id, r.artifact.output))
-    .bind(&r.artifact.run_id)
-    .bind(&r.artifact.stage)
+    .bind(format!("{}/{}/raw", r.put.run_id, r.put.artifact.name))
+    .bind(r.put.run_id)
+    .bind(r.put.stage)
     .bind("bench.raw")
     .bind("{}")
-    .bind(r.artifact.now)
+    .bind(r.put.now)
     .execute(&mut *tx)
     .await?;
     store.commit(tx).await?;

@@ -108,8 +108,11 @@ impl CompletionTx for Completion<'_, '_> {
         Ok((fenced, inserted))
     }
 
-    async fn artifacts_read(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
-        let keys: Vec<_> = puts.iter().map(|a| (a.run_id, a.stage, a.output)).collect();
+    async fn artifacts_read(&mut self, puts: &[ArtifactPut<'_>]) -> Result<Vec<StoredKey>> {
+        let keys: Vec<_> = puts
+            .iter()
+            .map(|a| (a.run_id, a.stage, &a.artifact.name))
+            .collect();
         let keys = to_json(&keys);
         Ok(sqlx::query_as(
             "SELECT a.run_id, a.stage, a.output, a.digest
@@ -326,7 +329,7 @@ impl Completion<'_, '_> {
 
     /// Multi-row inserts: the bytes are bound as blobs, which a JSON array
     /// cannot carry.
-    async fn artifacts_insert(&mut self, puts: &[CanonicalPut<'_>]) -> Result<Vec<StoredKey>> {
+    async fn artifacts_insert(&mut self, puts: &[ArtifactPut<'_>]) -> Result<Vec<StoredKey>> {
         if puts.is_empty() {
             return Ok(Vec::new());
         }
@@ -339,11 +342,11 @@ impl Completion<'_, '_> {
             insert.push_values(chunk, |mut row, a| {
                 row.push_bind(a.run_id)
                     .push_bind(a.stage)
-                    .push_bind(a.output)
-                    .push_bind(a.media_type)
-                    .push_bind(a.bytes)
-                    .push_bind(a.digest)
-                    .push_bind(a.bytes.len() as i64)
+                    .push_bind(&a.artifact.name)
+                    .push_bind(&a.artifact.media_type)
+                    .push_bind(&a.artifact.bytes)
+                    .push_bind(&a.artifact.digest)
+                    .push_bind(a.artifact.bytes.len() as i64)
                     .push_bind(a.attempt)
                     .push_bind(a.plugin_digest)
                     .push_bind(a.now);

@@ -1,7 +1,9 @@
 //! Parameter, row and outcome types of the store's roles
-//! ([`Store`](super::Store)): the registry's in `plugins.rs`, the audit's in
+//! ([`Store`](super::Store)): artifacts and journaled model calls in
+//! `artifacts.rs`, the registry's in `plugins.rs`, the audit's in
 //! `audit.rs`.
 
+mod artifacts;
 mod audit;
 mod plugins;
 
@@ -9,7 +11,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-pub use crate::graph::{EdgeKind, InputBinding, NewEdge, RUN_INPUT_OUTPUT, RUN_INPUT_STAGE};
+pub use crate::graph::{
+    EdgeKind, InputBinding, NewEdge, Payload, RUN_INPUT_OUTPUT, RUN_INPUT_STAGE,
+};
+pub use artifacts::*;
 pub use audit::*;
 pub use plugins::*;
 
@@ -257,14 +262,6 @@ impl ClaimedJob {
 }
 
 #[derive(Debug, Clone)]
-pub struct ProposedArtifact {
-    pub name: String,
-    pub media_type: String,
-    pub bytes: Vec<u8>,
-    pub digest: String,
-}
-
-#[derive(Debug, Clone)]
 pub struct JobComplete {
     pub job_id: i64,
     pub attempt: i64,
@@ -274,7 +271,8 @@ pub struct JobComplete {
     /// row first, and a completion whose job row says otherwise is written
     /// from the row.
     pub job: ClaimedAs,
-    pub outputs: Vec<ProposedArtifact>,
+    /// What the attempt proposes, one payload per declared output.
+    pub outputs: Vec<Payload>,
     /// Input name -> digest of the canonical bytes the attempt consumed.
     pub input_digests: BTreeMap<String, String>,
     pub now: i64,
@@ -366,111 +364,6 @@ impl JobSummary {
     pub fn count(&self, state: JobState) -> i64 {
         self.counts.get(state.as_str()).copied().unwrap_or(0)
     }
-}
-
-#[derive(Debug, Clone)]
-pub struct LoadedInput {
-    pub input: String,
-    pub from_stage: String,
-    pub from_output: String,
-    /// `None` when the bound artifact does not exist (a broken invariant).
-    pub artifact: Option<Artifact>,
-}
-
-#[derive(Debug, Clone)]
-pub struct ArtifactPut {
-    pub run_id: String,
-    pub stage: String,
-    pub output: String,
-    pub media_type: String,
-    pub bytes: Vec<u8>,
-    pub digest: String,
-    pub attempt: i64,
-    pub plugin_digest: Option<String>,
-    pub now: i64,
-}
-
-impl ArtifactPut {
-    pub(crate) fn borrowed(&self) -> CanonicalPut<'_> {
-        CanonicalPut {
-            run_id: &self.run_id,
-            stage: &self.stage,
-            output: &self.output,
-            media_type: &self.media_type,
-            bytes: &self.bytes,
-            digest: &self.digest,
-            attempt: self.attempt,
-            plugin_digest: self.plugin_digest.as_deref(),
-            now: self.now,
-        }
-    }
-}
-
-/// What the canonical-first insert binds, borrowed from whoever owns the
-/// bytes (a completion never copies its proposals).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct CanonicalPut<'a> {
-    pub run_id: &'a str,
-    pub stage: &'a str,
-    pub output: &'a str,
-    pub media_type: &'a str,
-    pub bytes: &'a [u8],
-    pub digest: &'a str,
-    pub attempt: i64,
-    pub plugin_digest: Option<&'a str>,
-    pub now: i64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CanonicalArtifact {
-    pub digest: String,
-    pub inserted: bool,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ArtifactMeta {
-    pub run_id: String,
-    pub stage: String,
-    pub output: String,
-    pub media_type: String,
-    pub digest: String,
-    pub size: i64,
-    pub attempt: i64,
-    pub plugin_digest: Option<String>,
-    pub created_at: i64,
-}
-
-#[derive(Debug, Clone)]
-pub struct Artifact {
-    pub meta: ArtifactMeta,
-    pub bytes: Vec<u8>,
-}
-
-#[derive(Debug, Clone)]
-pub struct ModelCallPut {
-    pub run_id: String,
-    pub stage: String,
-    pub index: i64,
-    pub request_digest: String,
-    /// The answer, or with `rejected` the backend's reason for refusing.
-    pub response: String,
-    pub rejected: bool,
-    pub attempt: i64,
-    pub now: i64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ModelCall {
-    pub run_id: String,
-    pub stage: String,
-    pub index: i64,
-    pub request_digest: String,
-    /// The answer, or with `rejected` the backend's reason for refusing.
-    pub response: String,
-    /// The backend refused the request: a retry is refused the same way.
-    pub rejected: bool,
-    /// The attempt whose answer this is.
-    pub attempt: i64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -586,8 +479,8 @@ pub struct RunEvent {
 
 /// One transaction of the completion's statement shape, for the raw limit
 /// `ratchet bench` measures.
-#[derive(Debug, Clone)]
-pub struct RawCompletion {
+#[derive(Debug, Clone, Copy)]
+pub struct RawCompletion<'a> {
     pub job_id: i64,
-    pub artifact: ArtifactPut,
+    pub put: ArtifactPut<'a>,
 }

@@ -1,10 +1,10 @@
 //! From an error to what the user sees: one line on stderr, and exit code
 //! 2 for bad input (theirs to fix), 1 for everything else.
 
-use crate::manifest::ManifestError;
-use crate::plugin::PluginError;
-use crate::registry::RegistryError;
-use crate::store::StoreError;
+use ratchet_runtime::manifest::ManifestError;
+use ratchet_runtime::plugin::PluginError;
+use ratchet_runtime::registry::RegistryError;
+use ratchet_runtime::store::StoreError;
 
 /// An error in what the user gave us (exit code 2).
 #[derive(Debug, thiserror::Error)]

@@ -24,10 +24,10 @@ pub use exit::BadInput;
 use exit::{exit_code, one_line};
 use signal::shutdown_signal;
 
-use crate::manifest::Pipeline;
-use crate::registry;
-use crate::store::PluginPutOutcome;
-use crate::worker::{self, WorkerOptions};
+use ratchet_runtime::manifest::Pipeline;
+use ratchet_runtime::registry;
+use ratchet_runtime::store::PluginPutOutcome;
+use ratchet_runtime::worker::{self, WorkerOptions};
 
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -62,7 +62,7 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(colour)
         .init();
-    if let Err(e) = crate::crash::setup_from_env() {
+    if let Err(e) = ratchet_runtime::crash::setup_from_env() {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::{BadInput, Cli, Command, ModelArgs, ModelKind};
-use crate::clock::{Clock, SystemClock};
-use crate::llm::{ModelBackend, OpenAiConfig, OpenAiModel, StochasticModel};
-use crate::plugin::{HostConfig, PluginHost, Policy};
-use crate::scheduler::{Scheduler, SchedulerConfig};
-use crate::store::{self, Store};
+use crate::{BadInput, Cli, Command, ModelArgs, ModelKind};
+use ratchet_runtime::clock::{Clock, SystemClock};
+use ratchet_runtime::llm::{ModelBackend, OpenAiConfig, OpenAiModel, StochasticModel};
+use ratchet_runtime::plugin::{HostConfig, PluginHost, Policy};
+use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
+use ratchet_runtime::store::{self, Store};
 
 /// Everything a command needs, opened once.
 pub struct Env {
@@ -80,7 +80,7 @@ fn host_config(cli: &Cli) -> Result<HostConfig> {
             .then(|| PathBuf::from(format!("{path}.components")))
     });
     // The pooling allocator halves the per-attempt cost of instantiating
-    // (runtime/benches/instantiate.rs); size it for the attempts a command
+    // (bench/benches/instantiate.rs); size it for the attempts a command
     // runs at once, with room for `describe` calls while plugins load.
     let pooling = match &cli.command {
         Command::Worker { concurrency, .. } => Some(concurrency.saturating_mul(2) + 16),

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use crate::bench::{self, BenchConfig, Scratch};
+use ratchet_bench::{self as bench, BenchConfig, Scratch};
 
 pub struct BenchArgs {
     pub smoke: bool,

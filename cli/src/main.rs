@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    ratchet_runtime::cli::main()
+    ratchet_cli::main()
 }

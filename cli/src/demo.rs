@@ -7,12 +7,12 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use super::Env;
-use crate::bundled;
-use crate::crash::CRASH_EXIT_CODE;
-use crate::manifest::Pipeline;
-use crate::registry;
-use crate::worker::{self, WorkerOptions};
+use crate::Env;
+use ratchet_runtime::bundled;
+use ratchet_runtime::crash::CRASH_EXIT_CODE;
+use ratchet_runtime::manifest::Pipeline;
+use ratchet_runtime::registry;
+use ratchet_runtime::worker::{self, WorkerOptions};
 
 const CRASH_LEASE_MS: &str = "1500";
 
@@ -51,7 +51,7 @@ pub async fn run(env: &Env, runs: u32) -> Result<ExitCode> {
 
     let crashed = crash_a_worker(env).await?;
     println!("4. Running workers in this process until every run is finished...");
-    let sched = env.scheduler(super::default_worker_id(), 60_000);
+    let sched = env.scheduler(crate::default_worker_id(), 60_000);
     let opts = WorkerOptions {
         concurrency: 4,
         until_idle: true,
@@ -65,7 +65,7 @@ pub async fn run(env: &Env, runs: u32) -> Result<ExitCode> {
         tell_the_story(env, &run_ids).await?;
     }
     summary_table(env, &run_ids).await?;
-    let report = crate::audit::audit_store(env.store.as_ref(), None, &mut |_| {}).await?;
+    let report = ratchet_runtime::audit::audit_store(env.store.as_ref(), None, &mut |_| {}).await?;
     if report.is_clean() {
         println!(
             "\nAudit: all three invariants hold over {} runs, {} jobs, {} attempts (`ratchet audit`).",
@@ -166,7 +166,10 @@ async fn tell_the_story(env: &Env, run_ids: &[String]) -> Result<()> {
         };
         println!("What happened to run {run}:");
         println!("   attempt 1 of `draft` asked the model and got:");
-        println!("      \"{}\"", crate::text::escape_controls(&call.response));
+        println!(
+            "      \"{}\"",
+            ratchet_runtime::text::escape_controls(&call.response)
+        );
         println!(
             "   the host journaled that answer (model_calls, call #0), then the process died."
         );

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use super::{BadInput, Env};
-use crate::store::{JobRow, PluginSummary};
-use crate::text::escape_controls;
+use crate::{BadInput, Env};
+use ratchet_runtime::store::{JobRow, PluginSummary};
+use ratchet_runtime::text::escape_controls;
 
 pub async fn plugin_list(env: &Env) -> Result<ExitCode> {
     let plugins = env.store.plugin_list().await?;
@@ -31,8 +31,10 @@ pub async fn plugin_list(env: &Env) -> Result<ExitCode> {
 }
 
 pub async fn plugin_show(env: &Env, spec: &str) -> Result<ExitCode> {
-    let (name, version) = crate::registry::parse_plugin_spec(spec)?;
-    for p in crate::registry::plugin_versions(env.store.as_ref(), &name, version.as_ref()).await? {
+    let (name, version) = ratchet_runtime::registry::parse_plugin_spec(spec)?;
+    for p in ratchet_runtime::registry::plugin_versions(env.store.as_ref(), &name, version.as_ref())
+        .await?
+    {
         let runs = env.store.plugin_usage(&p.digest).await?;
         println!(
             "{}@{}{}",
@@ -228,7 +230,7 @@ pub async fn audit(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode>
         );
         bar
     });
-    let mut progress = |r: &crate::audit::AuditReport| {
+    let mut progress = |r: &ratchet_runtime::audit::AuditReport| {
         if let Some(bar) = &bar {
             bar.set_message(format!(
                 "{} runs, {} jobs, {} violations",
@@ -239,7 +241,8 @@ pub async fn audit(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode>
             bar.tick();
         }
     };
-    let report = crate::audit::audit_store(env.store.as_ref(), run, &mut progress).await?;
+    let report =
+        ratchet_runtime::audit::audit_store(env.store.as_ref(), run, &mut progress).await?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

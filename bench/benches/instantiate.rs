@@ -4,7 +4,7 @@
 //! a new worker: compiling it, or loading it precompiled from the disk
 //! cache. A benchmark, not a test: it prints.
 //!
-//!     cargo bench -p ratchet-runtime --bench instantiate
+//!     cargo bench -p ratchet-bench --bench instantiate
 //!
 //! `RATCHET_BENCH_CALLS` sets the calls per allocator (default 5000);
 //! `RATCHET_BENCH_COMPONENT=path.wasm` measures another component too (the

@@ -1,0 +1,80 @@
+//! Artifacts as the store writes and reads them, and journaled model
+//! calls: both written canonical-first.
+
+use serde::Serialize;
+
+use super::Payload;
+
+#[derive(Debug, Clone)]
+pub struct LoadedInput {
+    pub input: String,
+    pub from_stage: String,
+    pub from_output: String,
+    /// `None` when the bound artifact does not exist (a broken invariant).
+    pub artifact: Option<Artifact>,
+}
+
+/// A canonical-first insert of `artifact` under `(run_id, stage,
+/// artifact.name)`, borrowed from whoever owns the bytes (a completion
+/// never copies its proposals).
+#[derive(Debug, Clone, Copy)]
+pub struct ArtifactPut<'a> {
+    pub run_id: &'a str,
+    pub stage: &'a str,
+    pub artifact: &'a Payload,
+    pub attempt: i64,
+    pub plugin_digest: Option<&'a str>,
+    pub now: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CanonicalArtifact {
+    pub digest: String,
+    pub inserted: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ArtifactMeta {
+    pub run_id: String,
+    pub stage: String,
+    pub output: String,
+    pub media_type: String,
+    pub digest: String,
+    pub size: i64,
+    pub attempt: i64,
+    pub plugin_digest: Option<String>,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Artifact {
+    pub meta: ArtifactMeta,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelCallPut {
+    pub run_id: String,
+    pub stage: String,
+    pub index: i64,
+    pub request_digest: String,
+    /// The answer, or with `rejected` the backend's reason for refusing.
+    pub response: String,
+    pub rejected: bool,
+    pub attempt: i64,
+    pub now: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelCall {
+    pub run_id: String,
+    pub stage: String,
+    pub index: i64,
+    pub request_digest: String,
+    /// The answer, or with `rejected` the backend's reason for refusing.
+    pub response: String,
+    /// The backend refused the request: a retry is refused the same way.
+    pub rejected: bool,
+    /// The attempt whose answer this is.
+    pub attempt: i64,
+}

@@ -27,6 +27,10 @@ pub struct Cli {
     /// a SQLite database; none for PostgreSQL].
     #[arg(long, global = true, env = "RATCHET_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// Sinks file (TOML): where committed events are delivered. A worker
+    /// with it relays beside its stages; `ratchet relay` needs it.
+    #[arg(long, global = true, env = "RATCHET_SINKS")]
+    pub sinks: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(subcommand)]
@@ -57,6 +61,9 @@ impl Cli {
         }
         if let Some(dir) = &self.cache_dir {
             args.extend(["--cache-dir".into(), dir.clone().into_os_string()]);
+        }
+        if let Some(sinks) = &self.sinks {
+            args.extend(["--sinks".into(), sinks.clone().into_os_string()]);
         }
         args
     }
@@ -145,6 +152,30 @@ pub enum Command {
         #[arg(long, default_value_t = 30)]
         grace_secs: u64,
     },
+    /// Deliver committed events to the sinks of `--sinks` until stopped
+    /// (SIGTERM / Ctrl-C) or idle.
+    Relay {
+        /// Exit once every event is routed and no delivery to a sink of
+        /// the file is pending.
+        #[arg(long)]
+        until_idle: bool,
+        /// Recorded on delivery leases (default: host:pid).
+        #[arg(long)]
+        relay_id: Option<String>,
+    },
+    /// List event deliveries (of one run, in one state), or redeliver dead
+    /// letters.
+    #[command(args_conflicts_with_subcommands = true)]
+    Outbox {
+        #[command(subcommand)]
+        action: Option<OutboxCommand>,
+        run: Option<String>,
+        /// pending, delivered or dead
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// List runs, or show one run's stages.
     Status {
         run: Option<String>,
@@ -231,5 +262,17 @@ pub enum PluginCommand {
     Yank {
         /// NAME@VERSION
         plugin: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Make dead letters pending again, under the same dedup key.
+    Redeliver {
+        /// The delivery's id (see `ratchet outbox --state dead`).
+        id: Option<i64>,
+        /// Every dead letter.
+        #[arg(long, conflicts_with = "id")]
+        dead: bool,
     },
 }

@@ -4,6 +4,7 @@
 use ratchet_runtime::manifest::ManifestError;
 use ratchet_runtime::plugin::PluginError;
 use ratchet_runtime::registry::RegistryError;
+use ratchet_runtime::relay::RelayError;
 use ratchet_runtime::store::StoreError;
 
 /// An error in what the user gave us (exit code 2).
@@ -36,6 +37,10 @@ pub(super) fn exit_code(e: &anyhow::Error) -> u8 {
             || c.is::<ManifestError>()
             || c.downcast_ref::<StoreError>().is_some_and(store_input)
             || c.downcast_ref::<PluginError>().is_some_and(plugin_input)
+            || matches!(
+                c.downcast_ref::<RelayError>(),
+                Some(RelayError::Sink { .. })
+            )
             || match c.downcast_ref::<RegistryError>() {
                 Some(RegistryError::Manifest(_) | RegistryError::Refused(_)) => true,
                 Some(RegistryError::Plugin(p)) => plugin_input(p),

@@ -10,6 +10,7 @@ mod demo;
 mod env;
 mod exit;
 mod inspect;
+mod relay;
 mod signal;
 
 use std::process::ExitCode;
@@ -18,7 +19,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 
-pub use args::{Cli, Command, ModelArgs, ModelKind, PluginCommand};
+pub use args::{Cli, Command, ModelArgs, ModelKind, OutboxCommand, PluginCommand};
 pub use env::{Env, default_worker_id};
 pub use exit::BadInput;
 use exit::{exit_code, one_line};
@@ -46,7 +47,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let default_level = if matches!(cli.command, Command::Worker { .. }) {
+    let default_level = if matches!(cli.command, Command::Worker { .. } | Command::Relay { .. }) {
         "info"
     } else {
         "warn"
@@ -111,6 +112,16 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             peer_runs: size(peer_runs),
         };
         return bench::run(args).await;
+    }
+    // A bad sinks file is refused before anything is opened or changed.
+    if let Some(path) = &cli.sinks {
+        relay::load_sinks(path)?;
+    } else if matches!(cli.command, Command::Relay { .. }) {
+        return Err(BadInput(
+            "`ratchet relay` needs a sinks file: --sinks FILE or RATCHET_SINKS (see docs/relay.md)"
+                .into(),
+        )
+        .into());
     }
     if let Command::Plugin(PluginCommand::Add { file }) = &cli.command {
         // Read the file before opening (and perhaps creating) the database.
@@ -190,6 +201,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             grace_secs,
         } => {
             let worker_id = worker_id.unwrap_or_else(default_worker_id);
+            let relay = match &cli.sinks {
+                Some(path) => Some(relay::relay(&env, path, worker_id.clone())?),
+                None => None,
+            };
             let sched = env.scheduler(worker_id.clone(), lease_ms as i64);
             let opts = WorkerOptions {
                 concurrency: concurrency as usize,
@@ -199,6 +214,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             let stop_signal = shutdown_signal()?;
             tracing::info!(worker = %worker_id, concurrency, "worker started");
             let (stop, stopped) = tokio::sync::watch::channel(false);
+            let relaying = relay.map(|r| tokio::spawn(r.run(false, stopped.clone())));
             let mut work = tokio::spawn(worker::run(
                 env.store.clone(),
                 sched,
@@ -222,7 +238,46 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 }
             };
             tracing::info!("worker stopped: {}", stats.summary());
+            if let Some(relaying) = relaying {
+                let _ = stop.send(true);
+                let relayed = relaying.await??;
+                tracing::info!("relay stopped: {}", relayed.summary());
+            }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Relay {
+            until_idle,
+            relay_id,
+        } => {
+            let path = cli.sinks.as_deref().context("checked above")?;
+            let relay_id = relay_id.unwrap_or_else(default_worker_id);
+            let relay = relay::relay(&env, path, relay_id.clone())?;
+            let stop_signal = shutdown_signal()?;
+            tracing::info!(relay = %relay_id, "relay started");
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            let mut relaying = tokio::spawn(relay.run(until_idle, stopped));
+            let stats = tokio::select! {
+                joined = &mut relaying => joined??,
+                _ = stop_signal => {
+                    let _ = stop.send(true);
+                    relaying.await??
+                }
+            };
+            tracing::info!("relay stopped: {}", stats.summary());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Outbox {
+            action: Some(OutboxCommand::Redeliver { id, dead }),
+            ..
+        } => relay::redeliver(&env, id, dead).await,
+        Command::Outbox {
+            action: None,
+            run,
+            state,
+            json,
+        } => {
+            let state = relay::parse_state(state.as_deref())?;
+            relay::list(&env, run, state, json).await
         }
         Command::Status { run, json } => inspect::status(&env, run.as_deref(), json).await,
         Command::Artifacts { run, artifact, raw } => {

@@ -7,9 +7,9 @@
 //! database call (PostgreSQL's one-call batch, ADR 0010), both are passed
 //! just before that call, the last moment before its commit.
 
-/// Every crash point, in the order an attempt passes them, and the fault
-/// point `commit_ack_lost` ([`ack_lost`]).
-pub const CRASH_POINTS: [&str; 7] = [
+/// Every crash point, in the order an attempt passes them, the fault
+/// point `commit_ack_lost` ([`ack_lost`]), then the relay's.
+pub const CRASH_POINTS: [&str; 9] = [
     "after_claim",
     "after_model_call",
     "after_execute",
@@ -17,6 +17,10 @@ pub const CRASH_POINTS: [&str; 7] = [
     "after_outbox_insert",
     "after_commit",
     "commit_ack_lost",
+    // The relay's: before a delivery is sent, and after its sink
+    // acknowledged it but before it is marked delivered.
+    "relay_before_send",
+    "relay_after_send",
 ];
 
 /// The exit code of a process ended by a `return(exit)` crash point.

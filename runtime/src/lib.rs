@@ -11,6 +11,7 @@ pub mod llm;
 pub mod manifest;
 pub mod plugin;
 pub mod registry;
+pub mod relay;
 pub mod scheduler;
 pub mod store;
 pub mod text;

@@ -425,6 +425,7 @@ pub fn ratchet(bin: &str, url: &str) -> tokio::process::Command {
         .env("RATCHET_CACHE_DIR", shared_component_cache())
         .env_remove("FAILPOINTS")
         .env_remove("RATCHET_POLICY")
+        .env_remove("RATCHET_SINKS")
         .env_remove("RATCHET_MODEL")
         .kill_on_drop(true);
     cmd

@@ -157,6 +157,41 @@ async fn bad_input_gets_one_line_exit_code_two_and_changes_nothing() {
         "no run was created"
     );
 
+    // The relay's input: a sinks file, its secrets, its filters.
+    assert_bad_input(&cli(url, &["relay"]).await, "needs a sinks file");
+    let sinks = concat!(env!("CARGO_MANIFEST_DIR"), "/ui/sinks/unknown_type.toml");
+    assert_bad_input(
+        &cli(url, &["--sinks", sinks, "relay"]).await,
+        "unknown_type.toml:3: sink `hooks` has type `kafka`",
+    );
+    let good = dir.path().join("sinks.toml");
+    std::fs::write(
+        &good,
+        "[[sink]]\nname = \"hooks\"\ntype = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\nsecret_env = \"RATCHET_TEST_UNSET_SECRET\"\nevents = [\"*\"]\n",
+    )
+    .expect("write");
+    assert_bad_input(
+        &cli(
+            url,
+            &[
+                "--sinks",
+                &good.display().to_string(),
+                "relay",
+                "--until-idle",
+            ],
+        )
+        .await,
+        "`RATCHET_TEST_UNSET_SECRET` is not set",
+    );
+    assert_bad_input(
+        &cli(url, &["outbox", "--state", "lost"]).await,
+        "not a delivery state",
+    );
+    assert_bad_input(
+        &cli(url, &["outbox", "redeliver", "999"]).await,
+        "delivery 999 is not a dead letter",
+    );
+
     let mut crashing = ratchet(BIN, url);
     crashing
         .args(["worker", "--until-idle"])

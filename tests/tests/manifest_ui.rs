@@ -1,4 +1,4 @@
-//! Golden files for bad manifests and pipelines: `ui/**/NAME.toml` must fail
+//! Golden files for bad manifests, pipelines and sinks files: `ui/**/NAME.toml` must fail
 //! with exactly the text in `ui/**/NAME.err`. `BLESS=1` rewrites the `.err`
 //! files from the current output (review the diff before committing).
 
@@ -6,6 +6,7 @@ use std::path::Path;
 
 use ratchet_runtime::manifest::{Pipeline, PluginManifest};
 use ratchet_runtime::registry::RegistrySnapshot;
+use ratchet_runtime::relay::Sinks;
 
 fn demo_manifests() -> Vec<PluginManifest> {
     let plugins = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins");
@@ -102,4 +103,11 @@ fn the_demo_pipeline_plans_into_durable_edges() {
             "publish->prepare-next:data",
         ]
     );
+}
+
+#[test]
+fn bad_sinks_files_are_rejected_with_file_line_and_fix() {
+    check_dir("sinks", |name, text| {
+        Sinks::parse(name, text).err().map(|e| e.to_string())
+    });
 }

@@ -4,7 +4,7 @@ use rand::Rng;
 
 /// Exponential backoff with jitter: `base * 2^(attempt-1)`, capped, then
 /// scaled by a random factor in `[1 - jitter, 1 + jitter]`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backoff {
     pub base_ms: i64,
     pub max_ms: i64,

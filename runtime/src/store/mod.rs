@@ -5,6 +5,7 @@
 mod audit_run;
 mod canonical;
 mod complete;
+mod deliveries;
 mod fail;
 mod postgres;
 mod reconcile;
@@ -20,7 +21,9 @@ use std::sync::Arc;
 
 pub use postgres::PostgresStore;
 pub use reconcile::{RECONCILE_LEASES_PER_BATCH, RECONCILE_RUNS_PER_BATCH};
-pub use roles::{Catalog, History, Intake, Journal, MeasuredStore, Queue, RawLimit, Store};
+pub use roles::{
+    Catalog, Deliveries, History, Intake, Journal, MeasuredStore, Queue, RawLimit, Store,
+};
 pub use sqlite::{CheckpointStats, SqliteStore};
 pub use types::*;
 
@@ -97,7 +100,8 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// Implements every role of [`Store`] for a backend: each method forwards
 /// to the function of the same concern in the backend's own modules
-/// (`plugins`, `runs`, `jobs`, `complete`, `fail`, `artifacts`, `audit`, `bench`),
+/// (`plugins`, `runs`, `jobs`, `complete`, `fail`, `artifacts`, `audit`,
+/// `deliveries`, `bench`),
 /// which own the SQL; extra [`Queue`] items (like `listen_ready`) are added
 /// as given.
 macro_rules! impl_store {
@@ -216,6 +220,31 @@ macro_rules! impl_store {
             }
             async fn audit_run(&self, run_id: &str, visitor: &mut dyn AuditVisitor) -> Result<()> {
                 audit::run(self, run_id, visitor).await
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl Deliveries for $store {
+            async fn outbox_unrouted(&self, limit: usize) -> Result<Vec<OutboxRow>> {
+                deliveries::unrouted(&self.pool, limit).await
+            }
+            async fn deliveries_route(&self, r: &Routing) -> Result<()> {
+                deliveries::route(self, r).await
+            }
+            async fn deliveries_claim(&self, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
+                deliveries::claim(self, c).await
+            }
+            async fn delivery_finish(&self, f: &DeliveryFinish) -> Result<bool> {
+                deliveries::finish(self, f).await
+            }
+            async fn delivery_list(&self, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
+                deliveries::list(&self.pool, f).await
+            }
+            async fn deliveries_pending_by_sink(&self) -> Result<Vec<(String, i64)>> {
+                deliveries::pending_by_sink(&self.pool).await
+            }
+            async fn deliveries_redeliver(&self, r: Redeliver, now: i64) -> Result<u64> {
+                deliveries::redeliver(self, r, now).await
             }
         }
 

@@ -8,8 +8,9 @@
 //! | [`Queue`]   | the scheduler and the worker                           |
 //! | [`Journal`] | the host capabilities (`model`)                        |
 //! | [`History`] | the read side: status, inspect, audit, tests           |
+//! | [`Deliveries`] | the relay, `outbox` CLI                             |
 //!
-//! [`Store`] is all five, what [`super::open`] returns; the raw limit the
+//! [`Store`] is all six, what [`super::open`] returns; the raw limit the
 //! bench measures is [`RawLimit`], outside it. Methods are Noun+Verb; each
 //! takes `now` from the caller's clock, never from the database's.
 
@@ -21,7 +22,7 @@ use super::types::*;
 use super::{Listening, Result};
 
 /// Every role at once: the durable state of Ratchet.
-pub trait Store: Catalog + Intake + Queue + Journal + History + 'static {}
+pub trait Store: Catalog + Intake + Queue + Journal + History + Deliveries + 'static {}
 
 /// Registered components, immutable per `(name, version)`.
 #[async_trait]
@@ -186,6 +187,32 @@ pub trait History: Send + Sync {
     /// to `visitor` a page of jobs at a time (memory bounded by a page,
     /// whatever the run's size); nothing if the run does not exist.
     async fn audit_run(&self, run_id: &str, visitor: &mut dyn AuditVisitor) -> Result<()>;
+}
+
+/// What the relay drives: committed events routed to sinks, and their
+/// deliveries claimed with a lease and finished under it.
+#[async_trait]
+pub trait Deliveries: Send + Sync {
+    /// Up to `limit` committed events no relay has routed yet, oldest
+    /// first.
+    async fn outbox_unrouted(&self, limit: usize) -> Result<Vec<OutboxRow>>;
+    /// Creates the deliveries (those not there yet) and marks the events
+    /// routed, in one transaction.
+    async fn deliveries_route(&self, r: &Routing) -> Result<()>;
+    /// Leases up to `c.limit` due deliveries to `c.relay`, in event order;
+    /// each attempt counted as it is claimed.
+    async fn deliveries_claim(&self, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>>;
+    /// Records an attempt's result unless its lease was taken over (then
+    /// `false`, and nothing changes).
+    async fn delivery_finish(&self, f: &DeliveryFinish) -> Result<bool>;
+    /// Deliveries in event order, then sink.
+    async fn delivery_list(&self, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>>;
+    /// Pending deliveries per sink, for sinks a relay's file may no longer
+    /// have.
+    async fn deliveries_pending_by_sink(&self) -> Result<Vec<(String, i64)>>;
+    /// Makes dead letters pending again, due now, with a fresh count of
+    /// attempts; returns how many.
+    async fn deliveries_redeliver(&self, r: Redeliver, now: i64) -> Result<u64>;
 }
 
 /// One transaction shaped like a completion (canonical artifact insert,

@@ -282,7 +282,39 @@ pub(crate) fn outbox_row(row: &impl RowExt) -> Result<OutboxRow> {
         event: row.text("event")?,
         payload: row.text("payload")?,
         created_at: row.int("created_at")?,
-        published_at: row.opt_int("published_at")?,
+        routed_at: row.opt_int("routed_at")?,
+    })
+}
+
+/// A claimed delivery: the event's columns, then `delivery_id`, `sink`,
+/// `attempts` and `retrying_since`.
+pub(crate) fn claimed_delivery(row: &impl RowExt) -> Result<ClaimedDelivery> {
+    Ok(ClaimedDelivery {
+        id: row.int("delivery_id")?,
+        sink: row.text("sink")?,
+        attempts: row.int("attempts")?,
+        retrying_since: row.int("retrying_since")?,
+        event: outbox_row(row)?,
+    })
+}
+
+pub(crate) fn delivery_row(row: &impl RowExt) -> Result<DeliveryRow> {
+    let state = row.text("state")?;
+    Ok(DeliveryRow {
+        id: row.int("id")?,
+        outbox_id: row.int("outbox_id")?,
+        dedup_key: row.text("dedup_key")?,
+        event: row.text("event")?,
+        run_id: row.text("run_id")?,
+        sink: row.text("sink")?,
+        state: DeliveryState::parse(&state)
+            .ok_or_else(|| corrupt("deliveries", format!("unknown state `{state}`")))?,
+        attempts: row.int("attempts")?,
+        next_at: row.int("next_at")?,
+        last_status: row.opt_int("last_status")?,
+        last_error: row.opt_text("last_error")?,
+        created_at: row.int("created_at")?,
+        delivered_at: row.opt_int("delivered_at")?,
     })
 }
 

@@ -7,6 +7,7 @@ mod audit;
 mod bench;
 mod checkpoint;
 mod complete;
+mod deliveries;
 mod fail;
 mod jobs;
 mod plugins;

@@ -5,6 +5,7 @@
 
 mod artifacts;
 mod audit;
+mod deliveries;
 mod plugins;
 
 use std::collections::BTreeMap;
@@ -16,6 +17,7 @@ pub use crate::graph::{
 };
 pub use artifacts::*;
 pub use audit::*;
+pub use deliveries::*;
 pub use plugins::*;
 
 /// The error recorded on an attempt that was still running when another
@@ -397,7 +399,8 @@ pub struct OutboxRow {
     pub event: String,
     pub payload: String,
     pub created_at: i64,
-    pub published_at: Option<i64>,
+    /// When a relay routed it to its sinks' deliveries.
+    pub routed_at: Option<i64>,
 }
 
 /// What one reconcile repaired, and in how many transactions: it works in

@@ -1,0 +1,333 @@
+//! The sinks file: where committed events go (see docs/relay.md). Strict
+//! like every file Ratchet reads: an unknown field, a field of another
+//! sink type, or a bad value is an error naming the file and line.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::manifest::{ManifestError, Source};
+use crate::scheduler::Backoff;
+
+/// Attempts a delivery gets before it is a dead letter, unless the file says.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 12;
+/// How long a delivery is retried before it is a dead letter, unless the
+/// file says: one day.
+pub const DEFAULT_MAX_AGE_S: u64 = 24 * 60 * 60;
+/// A webhook request's timeout, unless the file says.
+pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    sink: Vec<Spanned<RawSink>>,
+}
+
+/// Every field any sink type takes; which belong to which type is checked
+/// after parsing, so that the error can say so.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSink {
+    name: Spanned<String>,
+    #[serde(rename = "type")]
+    kind: Spanned<String>,
+    events: Spanned<Vec<Spanned<String>>>,
+    max_attempts: Option<Spanned<u32>>,
+    max_age_s: Option<Spanned<u64>>,
+    backoff_ms: Option<Spanned<u64>>,
+    max_backoff_ms: Option<Spanned<u64>>,
+    // webhook
+    url: Option<Spanned<String>>,
+    secret_env: Option<Spanned<String>>,
+    timeout_ms: Option<Spanned<u64>>,
+}
+
+/// The sinks an operator configured, in the file's order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sinks {
+    pub sinks: Vec<SinkConfig>,
+}
+
+/// One sink: what it is, which events it takes and how it is retried.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SinkConfig {
+    pub name: String,
+    pub kind: SinkKind,
+    pub events: Vec<EventPattern>,
+    pub max_attempts: u32,
+    pub max_age: Duration,
+    pub backoff: Backoff,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkKind {
+    /// POST the event, signed the Standard Webhooks way.
+    Webhook {
+        url: String,
+        /// The environment variable holding the `whsec_` secret.
+        secret_env: String,
+        timeout: Duration,
+    },
+}
+
+/// An event name pattern: `*` matches any run of characters, dots
+/// included (`draft.*`, `run.*`, `*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventPattern(String);
+
+impl EventPattern {
+    pub fn matches(&self, event: &str) -> bool {
+        let mut parts = self.0.split('*');
+        let first = parts.next().unwrap_or_default();
+        let Some(mut rest) = event.strip_prefix(first) else {
+            return false;
+        };
+        let tail: Vec<&str> = parts.collect();
+        let Some((last, middle)) = tail.split_last() else {
+            return rest.is_empty();
+        };
+        for part in middle {
+            match rest.find(part) {
+                Some(at) => rest = &rest[at + part.len()..],
+                None => return false,
+            }
+        }
+        rest.ends_with(last)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl SinkConfig {
+    /// Whether this sink takes `event`.
+    pub fn takes(&self, event: &str) -> bool {
+        self.events.iter().any(|p| p.matches(event))
+    }
+}
+
+impl Sinks {
+    /// Parses a sinks file; `file` names it in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Self, ManifestError> {
+        let src = Source { file, text };
+        let raw: RawFile = src.parse().map_err(|mut e| {
+            if e.message.contains("expected a sequence") {
+                e.message += "; write each sink as a [[sink]] table";
+            }
+            e
+        })?;
+        let mut names = BTreeSet::new();
+        let mut sinks = Vec::with_capacity(raw.sink.len());
+        for sink in &raw.sink {
+            let config = sink_config(&src, sink.get_ref())?;
+            if !names.insert(config.name.clone()) {
+                return Err(src.at(
+                    &sink.get_ref().name,
+                    format!(
+                        "sink `{}` is named twice; give each [[sink]] its own name",
+                        config.name
+                    ),
+                ));
+            }
+            sinks.push(config);
+        }
+        Ok(Self { sinks })
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.sinks.iter().map(|s| s.name.clone()).collect()
+    }
+}
+
+fn sink_config(src: &Source<'_>, raw: &RawSink) -> Result<SinkConfig, ManifestError> {
+    let name = raw.name.get_ref();
+    let name_ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !name_ok {
+        return Err(src.at(
+            &raw.name,
+            format!("sink name `{name}` is not valid (1 to 64 of a-z, 0-9, `-`, `_`)"),
+        ));
+    }
+    let events = raw.events.get_ref();
+    if events.is_empty() {
+        return Err(src.at(
+            &raw.events,
+            format!(
+                "sink `{name}` takes no events; list the event names it takes, e.g. events = [\"*\"]"
+            ),
+        ));
+    }
+    let mut patterns = Vec::with_capacity(events.len());
+    for pattern in events {
+        let text = pattern.get_ref();
+        let ok = !text.is_empty()
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '*'));
+        if !ok {
+            return Err(src.at(
+                pattern,
+                format!(
+                    "event pattern `{text}` is not valid (event names with `*` for any run of characters, e.g. \"draft.*\")"
+                ),
+            ));
+        }
+        patterns.push(EventPattern(text.clone()));
+    }
+    let kind = match raw.kind.get_ref().as_str() {
+        "webhook" => webhook(src, raw)?,
+        other => {
+            return Err(src.at(
+                &raw.kind,
+                format!("sink `{name}` has type `{other}`; the types are `webhook`"),
+            ));
+        }
+    };
+    let positive = |field: &Option<Spanned<u64>>, what: &str| match field {
+        Some(v) if *v.get_ref() == 0 => {
+            Err(src.at(v, format!("`{what}` is 0; it must be at least 1")))
+        }
+        _ => Ok(()),
+    };
+    positive(&raw.max_age_s, "max_age_s")?;
+    positive(&raw.backoff_ms, "backoff_ms")?;
+    positive(&raw.max_backoff_ms, "max_backoff_ms")?;
+    if let Some(attempts) = &raw.max_attempts
+        && *attempts.get_ref() == 0
+    {
+        return Err(src.at(attempts, "`max_attempts` is 0; it must be at least 1"));
+    }
+    let base = raw.backoff_ms.as_ref().map_or(1_000, |v| *v.get_ref());
+    let max = raw
+        .max_backoff_ms
+        .as_ref()
+        .map_or(base.max(5 * 60 * 1_000), |v| *v.get_ref());
+    if max < base {
+        let at = raw.max_backoff_ms.as_ref().map(Spanned::span);
+        return Err(src.error(
+            at,
+            format!("`max_backoff_ms` ({max}) is below `backoff_ms` ({base}); raise it"),
+        ));
+    }
+    Ok(SinkConfig {
+        name: name.clone(),
+        kind,
+        events: patterns,
+        max_attempts: raw
+            .max_attempts
+            .as_ref()
+            .map_or(DEFAULT_MAX_ATTEMPTS, |v| *v.get_ref()),
+        max_age: Duration::from_secs(
+            raw.max_age_s
+                .as_ref()
+                .map_or(DEFAULT_MAX_AGE_S, |v| *v.get_ref()),
+        ),
+        backoff: Backoff {
+            base_ms: i64::try_from(base).unwrap_or(i64::MAX),
+            max_ms: i64::try_from(max).unwrap_or(i64::MAX),
+            jitter: 0.2,
+        },
+    })
+}
+
+fn webhook(src: &Source<'_>, raw: &RawSink) -> Result<SinkKind, ManifestError> {
+    let name = raw.name.get_ref();
+    let Some(url) = &raw.url else {
+        return Err(src.at(
+            &raw.name,
+            format!("webhook sink `{name}` has no `url`; add url = \"https://…\""),
+        ));
+    };
+    match reqwest::Url::parse(url.get_ref()) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+        _ => {
+            return Err(src.at(
+                url,
+                format!(
+                    "`{}` is not an http(s) URL; write e.g. url = \"https://hooks.example.com/events\"",
+                    url.get_ref()
+                ),
+            ));
+        }
+    }
+    let Some(secret_env) = &raw.secret_env else {
+        return Err(src.at(
+            &raw.name,
+            format!(
+                "webhook sink `{name}` has no `secret_env`; name the environment variable that holds its `whsec_` secret"
+            ),
+        ));
+    };
+    let var = secret_env.get_ref();
+    if var.starts_with("whsec_") {
+        return Err(src.at(
+            secret_env,
+            "`secret_env` holds a secret; put the secret in an environment variable and name that variable here (e.g. secret_env = \"HOOKS_SECRET\")",
+        ));
+    }
+    if var.is_empty() || !var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(src.at(
+            secret_env,
+            format!("`secret_env` is `{var}`; it names an environment variable (A-Z, 0-9, `_`)"),
+        ));
+    }
+    if let Some(timeout) = &raw.timeout_ms
+        && *timeout.get_ref() == 0
+    {
+        return Err(src.at(timeout, "`timeout_ms` is 0; it must be at least 1"));
+    }
+    Ok(SinkKind::Webhook {
+        url: url.get_ref().clone(),
+        secret_env: var.clone(),
+        timeout: Duration::from_millis(
+            raw.timeout_ms
+                .as_ref()
+                .map_or(DEFAULT_TIMEOUT_MS, |v| *v.get_ref()),
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pattern_matches_any_run_of_characters_at_its_stars() {
+        let p = |s: &str| EventPattern(s.to_string());
+        assert!(p("*").matches("draft.published"));
+        assert!(p("draft.*").matches("draft.published"));
+        assert!(!p("draft.*").matches("drafts.published"));
+        assert!(!p("draft.*").matches("run.failed"));
+        assert!(p("run.failed").matches("run.failed"));
+        assert!(!p("run.failed").matches("run.failed.twice"));
+        assert!(p("*.failed").matches("run.failed"));
+        assert!(p("a*b*c").matches("a-x-b-y-c"));
+        assert!(!p("a*b*c").matches("a-x-c-y-b"));
+    }
+
+    #[test]
+    fn a_file_of_webhook_sinks_parses_with_its_defaults() {
+        let text = "[[sink]]\nname = \"hooks\"\ntype = \"webhook\"\nurl = \"http://127.0.0.1:9000/events\"\nsecret_env = \"HOOKS_SECRET\"\nevents = [\"*\"]\n";
+        let sinks = Sinks::parse("sinks.toml", text).expect("parses");
+        let hooks = &sinks.sinks[0];
+        assert_eq!(hooks.name, "hooks");
+        assert_eq!(hooks.max_attempts, DEFAULT_MAX_ATTEMPTS);
+        assert!(hooks.takes("draft.published"));
+        assert_eq!(
+            hooks.kind,
+            SinkKind::Webhook {
+                url: "http://127.0.0.1:9000/events".into(),
+                secret_env: "HOOKS_SECRET".into(),
+                timeout: Duration::from_millis(DEFAULT_TIMEOUT_MS),
+            }
+        );
+    }
+}

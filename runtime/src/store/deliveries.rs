@@ -1,0 +1,65 @@
+//! Routing a page of committed events to their sinks: the deliveries and
+//! the events' mark, in one transaction. The order of the steps is decided
+//! here once; each backend supplies the statements ([`RouteTx`]).
+
+use super::{NewDelivery, Result, Routing};
+
+/// The statements of routing, inside one open transaction.
+pub(crate) trait RouteTx {
+    /// Inserts the deliveries, skipping any `(event, sink)` already there
+    /// (another relay routed the same page).
+    async fn deliveries_insert(&mut self, d: &[NewDelivery], now: i64) -> Result<()>;
+    /// Marks the events routed.
+    async fn outbox_mark_routed(&mut self, events: &[i64], now: i64) -> Result<()>;
+}
+
+/// Routes `r` (see [`super::Deliveries::deliveries_route`]). The caller
+/// commits.
+pub(crate) async fn route(tx: &mut impl RouteTx, r: &Routing) -> Result<()> {
+    if !r.deliveries.is_empty() {
+        tx.deliveries_insert(&r.deliveries, r.now).await?;
+    }
+    if !r.events.is_empty() {
+        tx.outbox_mark_routed(&r.events, r.now).await?;
+    }
+    Ok(())
+}
+
+/// The columns an attempt's result writes to its delivery row.
+pub(crate) struct Finished<'a> {
+    pub state: super::DeliveryState,
+    /// `None` keeps the row's.
+    pub next_at: Option<i64>,
+    pub status: Option<i64>,
+    pub error: Option<&'a str>,
+    pub delivered_at: Option<i64>,
+}
+
+impl<'a> Finished<'a> {
+    pub(crate) fn of(f: &'a super::DeliveryFinish) -> Self {
+        use super::{DeliveryResult, DeliveryState};
+        match &f.result {
+            DeliveryResult::Delivered { status } => Self {
+                state: DeliveryState::Delivered,
+                next_at: None,
+                status: *status,
+                error: None,
+                delivered_at: Some(f.now),
+            },
+            DeliveryResult::Retry { at, status, error } => Self {
+                state: DeliveryState::Pending,
+                next_at: Some(*at),
+                status: *status,
+                error: Some(error),
+                delivered_at: None,
+            },
+            DeliveryResult::Dead { status, error } => Self {
+                state: DeliveryState::Dead,
+                next_at: None,
+                status: *status,
+                error: Some(error),
+                delivered_at: None,
+            },
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! The relay's rows: each committed event's deliveries to the sinks that
+//! take it, one per sink, each with its own state.
+
+use serde::Serialize;
+
+use super::OutboxRow;
+
+/// Where a delivery stands. `pending` covers waiting, being sent and
+/// waiting to be retried; the other two are final until an operator
+/// redelivers a dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryState {
+    Pending,
+    Delivered,
+    Dead,
+}
+
+impl DeliveryState {
+    pub const ALL: [DeliveryState; 3] = [Self::Pending, Self::Delivered, Self::Dead];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Delivered => "delivered",
+            Self::Dead => "dead",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for DeliveryState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A page of committed events routed by a relay: every event in `events`
+/// is marked routed, and gets the deliveries of `deliveries` that name it
+/// (none, when no sink takes it).
+#[derive(Debug, Clone, Default)]
+pub struct Routing {
+    pub events: Vec<i64>,
+    pub deliveries: Vec<NewDelivery>,
+    pub now: i64,
+}
+
+/// One event routed to one sink.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NewDelivery {
+    pub outbox_id: i64,
+    pub sink: String,
+    pub run_id: String,
+}
+
+/// Claims deliveries for `relay`: due, not leased, to one of `sinks`, and
+/// the earliest pending one of their run to their sink (a later event of a
+/// run waits for an earlier one to the same sink).
+#[derive(Debug, Clone)]
+pub struct DeliveryClaim {
+    pub relay: String,
+    pub sinks: Vec<String>,
+    pub now: i64,
+    pub lease_ms: i64,
+    pub limit: usize,
+}
+
+/// A delivery claimed for sending, with its event.
+#[derive(Debug, Clone)]
+pub struct ClaimedDelivery {
+    pub id: i64,
+    pub sink: String,
+    /// Attempts so far, this one included: the lease's fence.
+    pub attempts: i64,
+    /// When the current series of attempts began (created, or redelivered).
+    pub retrying_since: i64,
+    pub event: OutboxRow,
+}
+
+/// How one attempt to deliver ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryResult {
+    Delivered {
+        status: Option<i64>,
+    },
+    /// Try again at `at`.
+    Retry {
+        at: i64,
+        status: Option<i64>,
+        error: String,
+    },
+    /// A dead letter: refused by the sink, or retries exhausted.
+    Dead {
+        status: Option<i64>,
+        error: String,
+    },
+}
+
+/// The outcome of a claimed delivery's attempt, fenced on its lease.
+#[derive(Debug, Clone)]
+pub struct DeliveryFinish {
+    pub id: i64,
+    pub relay: String,
+    pub attempts: i64,
+    pub result: DeliveryResult,
+    pub now: i64,
+}
+
+/// Which deliveries to list: of one run or all, in one state or any.
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryFilter {
+    pub run_id: Option<String>,
+    pub state: Option<DeliveryState>,
+}
+
+/// One delivery as `ratchet outbox` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeliveryRow {
+    pub id: i64,
+    pub outbox_id: i64,
+    pub dedup_key: String,
+    pub event: String,
+    pub run_id: String,
+    pub sink: String,
+    pub state: DeliveryState,
+    pub attempts: i64,
+    pub next_at: i64,
+    pub last_status: Option<i64>,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub delivered_at: Option<i64>,
+}
+
+/// Dead letters to deliver again, under the same dedup key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redeliver {
+    One(i64),
+    AllDead,
+}

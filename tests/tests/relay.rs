@@ -1,0 +1,431 @@
+//! The relay against a real webhook receiver (axum on 127.0.0.1), on every
+//! backend: every committed event reaches every sink that takes it, signed
+//! the Standard Webhooks way, in commit order per run; a failing receiver
+//! is retried, a refusing one dead-letters, a dead one holds up only
+//! itself, and a removed sink's deliveries stay pending.
+//!
+//! Checked on buggy shapes, each seen failing here (on SQLite):
+//! - a claim without its check for an earlier pending delivery of the same
+//!   run and sink: a run's later events overtook its retried first one,
+//!   and the order assertion failed;
+//! - the signature computed over `id.body` (no timestamp): the receiver
+//!   refused every request and the test waited out its bound;
+//! - one loop claiming for every sink at once: the healthy sink's next
+//!   round waited for the slow sink's answers, which come only after the
+//!   healthy sink has every event, and the test waited out its bound.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use hmac::{Hmac, Mac};
+use ratchet_runtime::relay::{Relay, RelayConfig, Sinks};
+use ratchet_runtime::store::{
+    DeliveryFilter, DeliveryRow, DeliveryState, EdgeKind, JobBatch, NewEdge, NewJob, Redeliver,
+    RunSubmit,
+};
+use ratchet_tests::{BOUND, Backend, Harness, claim, completion, put_stand_in_plugin};
+use sha2::Sha256;
+use tokio::sync::{Notify, watch};
+
+ratchet_tests::backend_tests! {
+    every_event_reaches_its_sinks_in_order_retried_or_dead_lettered => delivered_in_order;
+}
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const RUNS: usize = 3;
+/// What each run's four stages emit, in their order.
+const EMITS: [&str; 4] = [
+    "draft.published",
+    "draft.published",
+    "run.note",
+    "draft.published",
+];
+
+/// A webhook receiver that checks every signature and answers the first
+/// requests to `/hooks` from a script.
+#[derive(Default)]
+struct Receiver {
+    script: Mutex<VecDeque<Answer>>,
+    /// Ids answered 2xx on `/hooks`, in the order they were answered.
+    accepted: Mutex<Vec<(String, String)>>,
+    /// Ids answered 2xx on `/refuse` once it accepts.
+    recovered: Mutex<Vec<String>>,
+    refuse_accepts: AtomicBool,
+    requests: AtomicU64,
+    bad_signatures: AtomicU64,
+    all_accepted: Notify,
+    /// Requests to `/slow`, which answers only once `released` is true.
+    slow_requests: AtomicU64,
+    released: watch::Sender<bool>,
+}
+
+enum Answer {
+    Status(u16),
+    /// Never answer: the relay's timeout ends the request.
+    Hang,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn verified(headers: &HeaderMap, body: &[u8]) -> Option<(String, String)> {
+    let header = |name: &str| headers.get(name)?.to_str().ok();
+    let (id, timestamp, signature) = (
+        header("webhook-id")?,
+        header("webhook-timestamp")?,
+        header("webhook-signature")?,
+    );
+    let key = BASE64.decode(SECRET.strip_prefix("whsec_")?).ok()?;
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).ok()?;
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    let expected = format!("v1,{}", BASE64.encode(mac.finalize().into_bytes()));
+    let envelope: serde_json::Value = serde_json::from_slice(body).ok()?;
+    (signature == expected && envelope["id"] == id).then(|| {
+        (
+            envelope["run"].as_str().unwrap_or_default().to_string(),
+            id.to_string(),
+        )
+    })
+}
+
+async fn hooks(
+    State(r): State<Arc<Receiver>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    r.requests.fetch_add(1, Ordering::SeqCst);
+    let Some((run, id)) = verified(&headers, &body) else {
+        r.bad_signatures.fetch_add(1, Ordering::SeqCst);
+        return StatusCode::UNAUTHORIZED;
+    };
+    let answer = lock(&r.script).pop_front();
+    match answer {
+        Some(Answer::Status(code)) => StatusCode::from_u16(code).unwrap_or(StatusCode::OK),
+        Some(Answer::Hang) => std::future::pending().await,
+        None => {
+            let mut accepted = lock(&r.accepted);
+            accepted.push((run, id));
+            if accepted.len() == RUNS * EMITS.len() {
+                r.all_accepted.notify_one();
+            }
+            StatusCode::NO_CONTENT
+        }
+    }
+}
+
+async fn slow(
+    State(r): State<Arc<Receiver>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    if verified(&headers, &body).is_none() {
+        return StatusCode::UNAUTHORIZED;
+    }
+    r.slow_requests.fetch_add(1, Ordering::SeqCst);
+    let mut released = r.released.subscribe();
+    let _ = released.wait_for(|released| *released).await;
+    StatusCode::OK
+}
+
+async fn refuse(
+    State(r): State<Arc<Receiver>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> (StatusCode, &'static str) {
+    match verified(&headers, &body) {
+        Some((_, id)) if r.refuse_accepts.load(Ordering::SeqCst) => {
+            lock(&r.recovered).push(id);
+            (StatusCode::OK, "")
+        }
+        Some(_) => (StatusCode::BAD_REQUEST, "no such hook"),
+        None => (StatusCode::UNAUTHORIZED, "bad signature"),
+    }
+}
+
+async fn serve(receiver: Arc<Receiver>) -> String {
+    let app = axum::Router::new()
+        .route("/hooks", axum::routing::post(hooks))
+        .route("/refuse", axum::routing::post(refuse))
+        .route("/slow", axum::routing::post(slow))
+        .with_state(receiver);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+/// A port nothing listens on: connections to it are refused.
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// The sinks: `hooks` and `refuser` always; with `all`, also `slow` and
+/// `down` (retried up to `down_attempts` times).
+fn sinks_file(base: &str, down_port: u16, down_attempts: u32, all: bool) -> Sinks {
+    let sink = |name: &str, url: String, events: &str, timeout_ms: u32, extra: &str| {
+        format!(
+            "[[sink]]\nname = \"{name}\"\ntype = \"webhook\"\nurl = \"{url}\"\nsecret_env = \"RELAY_SECRET\"\nevents = {events}\ntimeout_ms = {timeout_ms}\nbackoff_ms = 1\nmax_backoff_ms = 5\n{extra}\n"
+        )
+    };
+    let mut text = sink("hooks", format!("{base}/hooks"), "[\"*\"]", 500, "");
+    text += &sink(
+        "refuser",
+        format!("{base}/refuse"),
+        "[\"draft.*\"]",
+        500,
+        "",
+    );
+    if all {
+        text += &sink("slow", format!("{base}/slow"), "[\"*\"]", 50_000, "");
+        let down = format!("http://127.0.0.1:{down_port}/events");
+        let attempts = format!("max_attempts = {down_attempts}");
+        text += &sink("down", down, "[\"*\"]", 500, &attempts);
+    }
+    Sinks::parse("sinks.toml", &text).expect("sinks file")
+}
+
+fn relay(h: &Harness, sinks: &Sinks) -> Arc<Relay> {
+    let env = |name: &str| (name == "RELAY_SECRET").then(|| SECRET.to_string());
+    let mut config = RelayConfig::new("test-relay");
+    config.poll = Duration::from_millis(5);
+    Arc::new(Relay::new(h.store.clone(), sinks, &env, h.clock.clone(), config).expect("relay"))
+}
+
+/// `RUNS` runs of four chained stages emitting [`EMITS`], each stage
+/// committed through the store's completion; returns every event's dedup
+/// key per run, in commit order.
+async fn committed_events(h: &Harness) -> BTreeMap<String, Vec<String>> {
+    let now = h.clock.now_ms();
+    put_stand_in_plugin(h.store.as_ref(), now).await;
+    for r in 0..RUNS {
+        let jobs = EMITS
+            .iter()
+            .enumerate()
+            .map(|(i, event)| NewJob {
+                stage: format!("s{i}"),
+                plugin_digest: "p".into(),
+                outputs: vec!["out".into()],
+                emits: vec![event.to_string()],
+                max_attempts: 1,
+            })
+            .collect();
+        let edges = (1..EMITS.len())
+            .map(|i| NewEdge {
+                from_stage: format!("s{}", i - 1),
+                to_stage: format!("s{i}"),
+                kind: EdgeKind::After,
+            })
+            .collect();
+        h.store
+            .run_submit(RunSubmit {
+                run_id: format!("run-{r}"),
+                pipeline: "chain".into(),
+                idempotency_key: None,
+                input: Vec::new(),
+                jobs,
+                edges,
+                inputs: Vec::new(),
+                now,
+            })
+            .await
+            .expect("submit");
+    }
+    loop {
+        let jobs = claim(h.store.as_ref(), "w", now, 100).await;
+        if jobs.is_empty() {
+            break;
+        }
+        let batch = JobBatch {
+            completions: jobs.iter().map(|j| completion(j, "w", now)).collect(),
+            claim: None,
+        };
+        h.store.job_batch(&batch).await.expect("complete");
+    }
+    let mut events: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for row in h.store.outbox_list(None).await.expect("outbox") {
+        events.entry(row.run_id).or_default().push(row.dedup_key);
+    }
+    assert_eq!(events.len(), RUNS);
+    events
+}
+
+async fn deliveries(h: &Harness, sink: &str) -> Vec<DeliveryRow> {
+    let all = h
+        .store
+        .delivery_list(&DeliveryFilter::default())
+        .await
+        .expect("deliveries");
+    all.into_iter().filter(|d| d.sink == sink).collect()
+}
+
+fn states(rows: &[DeliveryRow]) -> BTreeMap<DeliveryState, usize> {
+    let mut counts = BTreeMap::new();
+    for row in rows {
+        *counts.entry(row.state).or_default() += 1;
+    }
+    counts
+}
+
+async fn delivered_in_order(backend: Backend) {
+    let Some(h) = Harness::on(backend, Arc::new(ratchet_runtime::clock::SystemClock)).await else {
+        return;
+    };
+    let events = committed_events(&h).await;
+    let receiver = Arc::new(Receiver::default());
+    lock(&receiver.script).extend([
+        Answer::Status(500),
+        Answer::Status(429),
+        Answer::Hang,
+        Answer::Status(503),
+    ]);
+    let base = serve(receiver.clone()).await;
+    let down = closed_port();
+
+    // 1. A healthy sink gets every event while a dead one keeps failing
+    // and a slow one has not answered any.
+    let relay1 = relay(&h, &sinks_file(&base, down, 1_000, true));
+    let (stop, stopped) = watch::channel(false);
+    let running = tokio::spawn(relay1.clone().run(false, stopped));
+    if tokio::time::timeout(BOUND, receiver.all_accepted.notified())
+        .await
+        .is_err()
+    {
+        let rows = h.store.delivery_list(&DeliveryFilter::default()).await;
+        panic!(
+            "the healthy sink did not receive every event within the bound: {} requests, {} accepted, deliveries {rows:#?}",
+            receiver.requests.load(Ordering::SeqCst),
+            lock(&receiver.accepted).len()
+        );
+    }
+    assert_eq!(receiver.bad_signatures.load(Ordering::SeqCst), 0);
+    let accepted = lock(&receiver.accepted).clone();
+    for (run, ids) in &events {
+        let order: Vec<&String> = accepted
+            .iter()
+            .filter(|(r, _)| r == run)
+            .map(|(_, id)| id)
+            .collect();
+        assert_eq!(
+            order,
+            ids.iter().collect::<Vec<_>>(),
+            "commit order of {run} at the sink"
+        );
+    }
+    assert_eq!(
+        receiver.slow_requests.load(Ordering::SeqCst) as usize,
+        RUNS,
+        "the slow sink has its first event of each run in flight, no more"
+    );
+    assert!(
+        deliveries(&h, "slow")
+            .await
+            .iter()
+            .all(|d| d.state == DeliveryState::Pending)
+    );
+    receiver.released.send_replace(true);
+    stop.send(true).expect("stop");
+    running.await.expect("relay task").expect("relay ran");
+    let down_rows = deliveries(&h, "down").await;
+    assert_eq!(
+        down_rows.len(),
+        RUNS * EMITS.len(),
+        "every event routed to `down`"
+    );
+    assert!(
+        down_rows
+            .iter()
+            .all(|d| d.state != DeliveryState::Delivered),
+        "nothing reached the dead sink: {down_rows:?}"
+    );
+    assert!(
+        receiver.requests.load(Ordering::SeqCst) as usize >= RUNS * EMITS.len() + 4,
+        "the scripted failures were retried"
+    );
+
+    // 2. Until idle: the dead sink's retries run out, the refuser's events
+    // are dead letters with its answer, and every delivery is final.
+    let relay2 = relay(&h, &sinks_file(&base, down, 1, true));
+    let (_stop, stopped) = watch::channel(false);
+    tokio::time::timeout(BOUND, relay2.run(true, stopped))
+        .await
+        .expect("idle within the bound")
+        .expect("relay ran");
+    let hooks = deliveries(&h, "hooks").await;
+    assert_eq!(
+        states(&hooks),
+        BTreeMap::from([(DeliveryState::Delivered, RUNS * EMITS.len())])
+    );
+    assert!(
+        hooks.iter().any(|d| d.attempts > 1),
+        "a retried delivery counts its attempts"
+    );
+    let refused = deliveries(&h, "refuser").await;
+    let drafts = RUNS * EMITS.iter().filter(|e| e.starts_with("draft.")).count();
+    assert_eq!(
+        states(&refused),
+        BTreeMap::from([(DeliveryState::Dead, drafts)]),
+        "only draft.* events, all refused"
+    );
+    for d in &refused {
+        assert_eq!(d.last_status, Some(400));
+        assert!(
+            d.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("no such hook")),
+            "{d:?}"
+        );
+    }
+    let down_rows = deliveries(&h, "down").await;
+    assert_eq!(
+        states(&down_rows),
+        BTreeMap::from([(DeliveryState::Dead, RUNS * EMITS.len())])
+    );
+    assert!(down_rows.iter().all(|d| {
+        d.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("retries exhausted"))
+    }));
+
+    // 3. Dead letters redelivered under their keys reach the recovered
+    // receiver; a sink removed from the file keeps its deliveries pending.
+    let n = h
+        .store
+        .deliveries_redeliver(Redeliver::AllDead, h.clock.now_ms())
+        .await
+        .expect("redeliver");
+    assert_eq!(n as usize, drafts + RUNS * EMITS.len());
+    receiver.refuse_accepts.store(true, Ordering::SeqCst);
+    let relay3 = relay(&h, &sinks_file(&base, down, 1, false));
+    let (_stop, stopped) = watch::channel(false);
+    tokio::time::timeout(BOUND, relay3.run(true, stopped))
+        .await
+        .expect("idle within the bound")
+        .expect("relay ran");
+    let refused = deliveries(&h, "refuser").await;
+    assert_eq!(
+        states(&refused),
+        BTreeMap::from([(DeliveryState::Delivered, drafts)])
+    );
+    let mut recovered = lock(&receiver.recovered).clone();
+    recovered.sort();
+    let mut keys: Vec<String> = refused.iter().map(|d| d.dedup_key.clone()).collect();
+    keys.sort();
+    assert_eq!(recovered, keys, "redelivered under the same dedup keys");
+    assert_eq!(
+        states(&deliveries(&h, "down").await),
+        BTreeMap::from([(DeliveryState::Pending, RUNS * EMITS.len())]),
+        "a removed sink's deliveries stay pending"
+    );
+}

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use crate::{BadInput, Env};
-use ratchet_runtime::store::{JobRow, PluginSummary};
+use ratchet_runtime::store::{DeliveryFilter, JobRow, PluginSummary};
 use ratchet_runtime::text::escape_controls;
 
 pub async fn plugin_list(env: &Env) -> Result<ExitCode> {
@@ -113,7 +113,10 @@ pub async fn status(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode
             })
             .collect();
         let history = env.store.run_events(run_id).await?;
-        let doc = serde_json::json!({ "run": run, "stages": stages, "history": history });
+        let deliveries = env.store.delivery_list(&run_deliveries(run_id)).await?;
+        let doc = serde_json::json!({
+            "run": run, "stages": stages, "history": history, "deliveries": deliveries,
+        });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -147,7 +150,23 @@ pub async fn status(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode
             event.at
         );
     }
+    for d in env.store.delivery_list(&run_deliveries(run_id)).await? {
+        let error = d.last_error.as_deref().map_or(String::new(), |e| {
+            format!("; last error: {}", ratchet_runtime::text::bounded(e, 120))
+        });
+        println!(
+            "delivery: {} to {}: {} after {} attempt(s){error}",
+            d.event, d.sink, d.state, d.attempts
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn run_deliveries(run_id: &str) -> DeliveryFilter {
+    DeliveryFilter {
+        run_id: Some(run_id.to_string()),
+        state: None,
+    }
 }
 
 pub async fn artifacts(

@@ -93,6 +93,40 @@ async fn register_run_work_inspect_and_audit_from_the_command_line() {
         serde_json::from_slice(&cli(url, &["status", "--json"]).await.stdout).expect("json");
     assert_eq!(runs[0]["id"], run.as_str());
 
+    // The run's event, relayed to a sink nobody listens on: retries run
+    // out, and the dead letter shows in `outbox` and in the run's status.
+    let sinks = tempfile::NamedTempFile::new().expect("sinks file");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    std::fs::write(
+        sinks.path(),
+        format!("[[sink]]\nname = \"nobody\"\ntype = \"webhook\"\nurl = \"http://127.0.0.1:{port}/\"\nsecret_env = \"CLI_TEST_SECRET\"\nevents = [\"draft.*\"]\nmax_attempts = 2\nbackoff_ms = 1\n"),
+    )
+    .expect("write sinks");
+    let sinks = sinks.path().display().to_string();
+    let mut relay = ratchet(BIN, url);
+    relay
+        .args(["--sinks", &sinks, "relay", "--until-idle"])
+        .env("CLI_TEST_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+    let relayed = output(relay).await;
+    assert!(relayed.status.success(), "{relayed:?}");
+    let dead: serde_json::Value = serde_json::from_slice(
+        &cli(url, &["outbox", &run, "--state", "dead", "--json"])
+            .await
+            .stdout,
+    )
+    .expect("outbox json");
+    assert_eq!(dead.as_array().map(Vec::len), Some(1), "{dead}");
+    assert_eq!(dead[0]["event"], "draft.published");
+    assert_eq!(dead[0]["attempts"], 2);
+    let shown = stdout(&cli(url, &["status", &run]).await);
+    assert!(
+        shown.contains("delivery: draft.published to nobody: dead after 2 attempt(s); last error: retries exhausted"),
+        "{shown}"
+    );
+
     let audit = cli(url, &["audit", "--json"]).await;
     assert!(audit.status.success(), "{audit:?}");
     let report: serde_json::Value = serde_json::from_slice(&audit.stdout).expect("audit json");

@@ -75,11 +75,9 @@ pub(super) async fn list(
         "id", "state", "sink", "attempts", "delivered at"
     );
     for d in rows {
-        let delivered = d.delivered_at.map_or("-".to_string(), |ms| {
-            let at = std::time::UNIX_EPOCH
-                + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-            humantime::format_rfc3339_millis(at).to_string()
-        });
+        let delivered = d
+            .delivered_at
+            .map_or("-".to_string(), ratchet_runtime::relay::rfc3339);
         let error = d
             .last_error
             .as_deref()

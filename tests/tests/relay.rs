@@ -261,6 +261,15 @@ async fn committed_events(h: &Harness) -> BTreeMap<String, Vec<String>> {
     events
 }
 
+/// Runs `relay` until nothing to its sinks is pending.
+async fn until_idle(relay: Arc<Relay>) {
+    let (_stop, stopped) = watch::channel(false);
+    tokio::time::timeout(BOUND, relay.run(true, stopped))
+        .await
+        .expect("idle within the bound")
+        .expect("relay ran");
+}
+
 async fn deliveries(h: &Harness, sink: &str) -> Vec<DeliveryRow> {
     let all = h
         .store
@@ -357,11 +366,7 @@ async fn delivered_in_order(backend: Backend) {
     // 2. Until idle: the dead sink's retries run out, the refuser's events
     // are dead letters with its answer, and every delivery is final.
     let relay2 = relay(&h, &sinks_file(&base, down, 1, true));
-    let (_stop, stopped) = watch::channel(false);
-    tokio::time::timeout(BOUND, relay2.run(true, stopped))
-        .await
-        .expect("idle within the bound")
-        .expect("relay ran");
+    until_idle(relay2).await;
     let hooks = deliveries(&h, "hooks").await;
     assert_eq!(
         states(&hooks),
@@ -408,11 +413,7 @@ async fn delivered_in_order(backend: Backend) {
     assert_eq!(n as usize, drafts + RUNS * EMITS.len());
     receiver.refuse_accepts.store(true, Ordering::SeqCst);
     let relay3 = relay(&h, &sinks_file(&base, down, 1, false));
-    let (_stop, stopped) = watch::channel(false);
-    tokio::time::timeout(BOUND, relay3.run(true, stopped))
-        .await
-        .expect("idle within the bound")
-        .expect("relay ran");
+    until_idle(relay3).await;
     let refused = deliveries(&h, "refuser").await;
     assert_eq!(
         states(&refused),

@@ -135,17 +135,13 @@ pub(super) async fn pending_by_sink(pool: &PgPool) -> Result<Vec<(String, i64)>>
 }
 
 pub(super) async fn redeliver(store: &PostgresStore, r: Redeliver, now: i64) -> Result<u64> {
-    let one = match r {
-        Redeliver::One(id) => Some(id),
-        Redeliver::AllDead => None,
-    };
     Ok(sqlx::query(
         "UPDATE deliveries SET state = 'pending', attempts = 0, next_at = $1,
                 retrying_since = $1, lease_owner = NULL, lease_expires_at = NULL
          WHERE state = 'dead' AND ($2::BIGINT IS NULL OR id = $2)",
     )
     .bind(now)
-    .bind(one)
+    .bind(r.only())
     .execute(&store.pool)
     .await?
     .rows_affected())

@@ -142,10 +142,6 @@ pub(super) async fn pending_by_sink(pool: &SqlitePool) -> Result<Vec<(String, i6
 }
 
 pub(super) async fn redeliver(store: &SqliteStore, r: Redeliver, now: i64) -> Result<u64> {
-    let one = match r {
-        Redeliver::One(id) => Some(id),
-        Redeliver::AllDead => None,
-    };
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
     let n = sqlx::query(
@@ -154,7 +150,7 @@ pub(super) async fn redeliver(store: &SqliteStore, r: Redeliver, now: i64) -> Re
          WHERE state = 'dead' AND (?2 IS NULL OR id = ?2)",
     )
     .bind(now)
-    .bind(one)
+    .bind(r.only())
     .execute(&mut *tx)
     .await?
     .rows_affected();

@@ -140,3 +140,13 @@ pub enum Redeliver {
     One(i64),
     AllDead,
 }
+
+impl Redeliver {
+    /// The one delivery named, if any (`None`: every dead letter).
+    pub fn only(self) -> Option<i64> {
+        match self {
+            Self::One(id) => Some(id),
+            Self::AllDead => None,
+        }
+    }
+}

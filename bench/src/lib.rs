@@ -3,6 +3,7 @@
 //! read as ratios. Each backend gets a scratch database (a temporary SQLite
 //! file; a fresh Postgres schema, dropped afterwards).
 
+mod relay;
 mod report;
 mod rig;
 mod scenarios;
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use relay::RelayPoint;
 pub use report::{peer_table, table};
 pub use rig::Scratch;
 pub use scenarios::fanout_pipeline;
@@ -44,6 +46,12 @@ pub struct BenchConfig {
     pub registered: usize,
     /// Scenario 7: submits timed at each registry size.
     pub submit_samples: usize,
+    /// Scenario 8: the NATS server with JetStream the relay publishes to;
+    /// without one, scenario 8 is not run.
+    pub nats: Option<String>,
+    /// Scenario 8: events in the backlog the relay works off, and as many
+    /// raw publishes.
+    pub relay_events: usize,
 }
 
 /// Obelisk 0.41 on SQLite, measured on this kind of machine (issue #6): a
@@ -65,6 +73,8 @@ impl BenchConfig {
             peer_runs: 5,
             registered: 1_000,
             submit_samples: 200,
+            nats: None,
+            relay_events: 10_000,
         }
     }
 
@@ -83,6 +93,8 @@ impl BenchConfig {
             peer_runs: 1,
             registered: 50,
             submit_samples: 10,
+            nats: None,
+            relay_events: 200,
         }
     }
 }
@@ -158,6 +170,8 @@ pub struct BackendReport {
     pub instantiate_call_us: f64,
     pub peer: Vec<PeerPoint>,
     pub submit: SubmitCost,
+    /// Scenario 8, when a NATS server was given.
+    pub relay: Option<RelayPoint>,
 }
 
 /// Locks `m`, taking its value even if a panicking holder poisoned it: the
@@ -237,6 +251,22 @@ pub async fn run_backend(
         submit.own_versions_us,
         n = submit.registered,
     ));
+    let relay = match &config.nats {
+        Some(nats) => {
+            let point = relay::relay(scratch, config, nats).await?;
+            progress(&format!(
+                "relay to JetStream: {:.0} events/s against {:.0} raw publishes/s ({} in flight), ratio {:.2}; commit to acknowledgement p50 {:.1} ms, p99 {:.1} ms",
+                point.relay_events_per_s,
+                point.raw_publishes_per_s,
+                point.in_flight,
+                point.ratio,
+                point.commit_to_ack_p50_ms,
+                point.commit_to_ack_p99_ms
+            ));
+            Some(point)
+        }
+        None => None,
+    };
     Ok(BackendReport {
         raw_txn_per_s: raw,
         stage_completions_per_s: wasm,
@@ -253,6 +283,7 @@ pub async fn run_backend(
         instantiate_call_us: call.as_secs_f64() * 1e6,
         peer,
         submit,
+        relay,
     })
 }
 

@@ -82,6 +82,29 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
             })
             .collect(),
     ));
+    let relay = |cell: fn(&crate::RelayPoint) -> String| {
+        reports
+            .iter()
+            .map(|(_, r)| r.relay.as_ref().map_or("-".into(), cell))
+            .collect()
+    };
+    rows.push((
+        "(8) relay to JetStream, events/s; raw publishes/s".into(),
+        relay(|p| format!("{:.0}; {:.0}", p.relay_events_per_s, p.raw_publishes_per_s)),
+    ));
+    rows.push((
+        "    ratio relay/raw".into(),
+        relay(|p| format!("{:.2}", p.ratio)),
+    ));
+    rows.push((
+        "    commit to ack p50 / p99, ms".into(),
+        relay(|p| {
+            format!(
+                "{:.1} / {:.1}",
+                p.commit_to_ack_p50_ms, p.commit_to_ack_p99_ms
+            )
+        }),
+    ));
     render(reports.iter().map(|(name, _)| *name), &rows)
 }
 
@@ -198,6 +221,7 @@ mod tests {
                 other_plugins_us: 510.0 * scale,
                 own_versions_us: 900.0 * scale,
             },
+            relay: None,
         }
     }
 

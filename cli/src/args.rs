@@ -162,6 +162,10 @@ pub enum Command {
         /// Recorded on delivery leases (default: host:pid).
         #[arg(long)]
         relay_id: Option<String>,
+        /// How long a claimed delivery is owned: how long a dead relay's
+        /// deliveries wait to be sent again. Above every sink's `timeout_ms`.
+        #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(100..=86_400_000))]
+        lease_ms: u64,
     },
     /// List event deliveries (of one run, in one state), or redeliver dead
     /// letters.
@@ -212,6 +216,13 @@ pub enum Command {
         /// are dropped afterwards.
         #[arg(long, env = "RATCHET_BENCH_POSTGRES")]
         postgres: Option<String>,
+        /// Also measure the relay (scenario 8) against this NATS server
+        /// with JetStream, in a scratch stream deleted afterwards.
+        #[arg(long, env = "RATCHET_BENCH_NATS")]
+        nats: Option<String>,
+        /// Events the relay works off in scenario 8, and raw publishes.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+        relay_events: Option<u64>,
         /// Runs of the chain pipeline (scenarios 2 and 5); by default as
         /// many as the Wasm chain burns down in 10 s.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]

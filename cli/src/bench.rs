@@ -11,6 +11,8 @@ use ratchet_bench::{self as bench, BenchConfig, Scratch};
 pub struct BenchArgs {
     pub smoke: bool,
     pub postgres: Option<String>,
+    pub nats: Option<String>,
+    pub relay_events: Option<usize>,
     pub runs: Option<usize>,
     pub chain: Option<usize>,
     pub workers: Option<usize>,
@@ -31,6 +33,8 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode> {
     config.workers = args.workers.unwrap_or(config.workers);
     config.fanout = args.fanout.unwrap_or(config.fanout);
     config.peer_runs = args.peer_runs.unwrap_or(config.peer_runs);
+    config.nats = args.nats;
+    config.relay_events = args.relay_events.unwrap_or(config.relay_events);
     let mut backends = vec![("sqlite", Scratch::sqlite()?)];
     if let Some(url) = &args.postgres {
         backends.push(("postgres", Scratch::postgres(url)?));

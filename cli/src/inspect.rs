@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use crate::{BadInput, Env};
+use ratchet_runtime::relay::Sinks;
 use ratchet_runtime::store::{DeliveryFilter, JobRow, PluginSummary};
 use ratchet_runtime::text::escape_controls;
 
@@ -231,7 +232,12 @@ pub async fn artifacts(
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn audit(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode> {
+pub async fn audit(
+    env: &Env,
+    run: Option<&str>,
+    sinks: Option<&Sinks>,
+    json: bool,
+) -> Result<ExitCode> {
     if let Some(run_id) = run
         && env.store.run_get(run_id).await?.is_none()
     {
@@ -260,8 +266,12 @@ pub async fn audit(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode>
             bar.tick();
         }
     };
-    let report =
+    let mut report =
         ratchet_runtime::audit::audit_store(env.store.as_ref(), run, &mut progress).await?;
+    if let Some(sinks) = sinks {
+        ratchet_runtime::audit::audit_deliveries(env.store.as_ref(), sinks, run, &mut report)
+            .await?;
+    }
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

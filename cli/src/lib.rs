@@ -27,6 +27,7 @@ use signal::shutdown_signal;
 
 use ratchet_runtime::manifest::Pipeline;
 use ratchet_runtime::registry;
+use ratchet_runtime::relay::RelayConfig;
 use ratchet_runtime::store::PluginPutOutcome;
 use ratchet_runtime::worker::{self, WorkerOptions};
 
@@ -90,6 +91,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
     if let Command::Bench {
         smoke,
         postgres,
+        nats,
+        relay_events,
         runs,
         chain,
         workers,
@@ -103,6 +106,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         let args = bench::BenchArgs {
             smoke: *smoke,
             postgres: postgres.clone(),
+            nats: nats.clone(),
+            relay_events: size(relay_events),
             runs: size(runs),
             chain: size(chain),
             workers: size(workers),
@@ -202,7 +207,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         } => {
             let worker_id = worker_id.unwrap_or_else(default_worker_id);
             let relay = match &cli.sinks {
-                Some(path) => Some(relay::relay(&env, path, worker_id.clone())?),
+                Some(path) => Some(relay::relay(
+                    &env,
+                    path,
+                    RelayConfig::new(worker_id.clone()),
+                )?),
                 None => None,
             };
             let sched = env.scheduler(worker_id.clone(), lease_ms as i64);
@@ -248,10 +257,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Relay {
             until_idle,
             relay_id,
+            lease_ms,
         } => {
             let path = cli.sinks.as_deref().context("checked above")?;
             let relay_id = relay_id.unwrap_or_else(default_worker_id);
-            let relay = relay::relay(&env, path, relay_id.clone())?;
+            let mut config = RelayConfig::new(relay_id.clone());
+            config.lease_ms = lease_ms as i64;
+            let relay = relay::relay(&env, path, config)?;
             let stop_signal = shutdown_signal()?;
             tracing::info!(relay = %relay_id, "relay started");
             let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -283,7 +295,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Artifacts { run, artifact, raw } => {
             inspect::artifacts(&env, &run, artifact.as_deref(), raw).await
         }
-        Command::Audit { run, json } => inspect::audit(&env, run.as_deref(), json).await,
+        Command::Audit { run, json } => {
+            let sinks = cli.sinks.as_deref().map(relay::load_sinks).transpose()?;
+            inspect::audit(&env, run.as_deref(), sinks.as_ref(), json).await
+        }
         Command::Upgrade { run, stage, to } => {
             let digest =
                 registry::stage_upgrade(env.store.as_ref(), &run, &stage, &to, env.clock.as_ref())

@@ -24,7 +24,7 @@ pub(super) fn load_sinks(path: &Path) -> Result<Sinks> {
 
 /// A relay for the sinks file at `path`, its secrets read from this
 /// process's environment.
-pub(super) fn relay(env: &Env, path: &Path, relay_id: String) -> Result<Arc<Relay>> {
+pub(super) fn relay(env: &Env, path: &Path, config: RelayConfig) -> Result<Arc<Relay>> {
     let sinks = load_sinks(path)?;
     let lookup = |name: &str| std::env::var(name).ok();
     Ok(Arc::new(Relay::new(
@@ -32,7 +32,7 @@ pub(super) fn relay(env: &Env, path: &Path, relay_id: String) -> Result<Arc<Rela
         &sinks,
         &lookup,
         env.clock.clone(),
-        RelayConfig::new(relay_id),
+        config,
     )?))
 }
 

@@ -10,9 +10,10 @@ use std::collections::{HashMap, HashSet};
 use serde::Serialize;
 
 use crate::graph::outbox_dedup_key;
+use crate::relay::Sinks;
 use crate::store::{
-    ArtifactMeta, AuditVisitor, History, IncomingEdges, JobRow, JobState, RUN_INPUT_STAGE,
-    RunAuditFacts, RunRow, RunState, StageAuditPage, StoreError,
+    ArtifactMeta, AuditVisitor, Deliveries, DeliveryFilter, History, IncomingEdges, JobRow,
+    JobState, RUN_INPUT_STAGE, RunAuditFacts, RunRow, RunState, StageAuditPage, StoreError,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -67,6 +68,38 @@ pub async fn audit_store(
     }
 }
 
+/// Adds to `report` each delivery of `run` (or of every run) made to a sink
+/// of `sinks` that does not take its event. A delivery to a sink the file
+/// no longer has is not judged: it waits for a relay whose file has it.
+pub async fn audit_deliveries(
+    store: &dyn Deliveries,
+    sinks: &Sinks,
+    run: Option<&str>,
+    report: &mut AuditReport,
+) -> Result<(), StoreError> {
+    let filter = DeliveryFilter {
+        run_id: run.map(str::to_string),
+        state: None,
+    };
+    for d in store.delivery_list(&filter).await? {
+        let Some(sink) = sinks.sinks.iter().find(|s| s.name == d.sink) else {
+            continue;
+        };
+        if !sink.takes(&d.event) {
+            report.violations.push(Violation {
+                invariant: CONTINUATION,
+                run_id: d.run_id,
+                stage: "-".into(),
+                detail: format!(
+                    "delivery {} sends `{}` to sink `{}`, which does not take it",
+                    d.id, d.event, d.sink
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 async fn audit_run(
     store: &dyn History,
     run_id: &str,
@@ -79,6 +112,7 @@ async fn audit_run(
         run: None,
         retried: false,
         unfinished: None,
+        lifecycle: Vec::new(),
     };
     store.audit_run(run_id, &mut audit).await?;
     audit.finish();
@@ -102,6 +136,8 @@ struct RunAudit<'a> {
     retried: bool,
     /// The first stage of the run that has not succeeded, and its state.
     unfinished: Option<(String, JobState)>,
+    /// The run's own events, in commit order.
+    lifecycle: Vec<String>,
 }
 
 impl RunAudit<'_> {
@@ -303,21 +339,18 @@ impl RunAudit<'_> {
         let jobs: HashMap<&str, &JobRow> =
             page.jobs.iter().map(|j| (j.stage.as_str(), j)).collect();
         for row in &page.outbox {
-            // A row naming no job (a run's own event) is checked by its run.
-            if let Some(job) = jobs
-                .get(row.stage.as_str())
-                .filter(|j| j.state != JobState::Succeeded)
-            {
-                self.push(
-                    CONTINUATION,
-                    &row.stage,
-                    format!(
-                        "outbox event `{}` was written, but the stage is {}",
-                        row.event,
-                        job.state.as_str()
-                    ),
-                );
-            }
+            let Some(job) = jobs.get(row.stage.as_str()) else {
+                continue;
+            };
+            let wrong = if job.state != JobState::Succeeded {
+                format!("the stage is {}", job.state.as_str())
+            } else if !job.emits.contains(&row.event) {
+                "the stage does not declare it".to_string()
+            } else {
+                continue;
+            };
+            let detail = format!("outbox event `{}` was written, but {wrong}", row.event);
+            self.push(CONTINUATION, &row.stage, detail);
         }
         winners
     }
@@ -343,7 +376,31 @@ impl RunAudit<'_> {
                 ),
             ),
         }
+        self.check_lifecycle(state);
         (self.progress)(self.report);
+    }
+
+    /// A finished run's last event says how it finished, written in the
+    /// transaction that finished it; a running run has none, unless an
+    /// operator retried it after it finished.
+    fn check_lifecycle(&mut self, state: RunState) {
+        let expected = match state {
+            RunState::Succeeded => Some("run.succeeded"),
+            RunState::Failed => Some("run.failed"),
+            RunState::Running => None,
+        };
+        let last = self.lifecycle.last().map(String::as_str);
+        let fine = match expected {
+            Some(_) => last == expected,
+            None => last.is_none() || self.retried,
+        };
+        if !fine {
+            let detail = format!(
+                "the run is `{state}`, but its last lifecycle event is {}",
+                last.map_or("missing".to_string(), |e| format!("`{e}`"))
+            );
+            self.push(CONTINUATION, "-", detail);
+        }
     }
 }
 
@@ -351,6 +408,7 @@ impl AuditVisitor for RunAudit<'_> {
     fn run(&mut self, facts: RunAuditFacts) {
         self.retried = facts.events.iter().any(|e| e.kind == "retry");
         self.run = Some(facts.run);
+        self.lifecycle = facts.lifecycle.into_iter().map(|o| o.event).collect();
         self.report.runs += 1;
         for a in &facts.digest_mismatches {
             let detail = format!(

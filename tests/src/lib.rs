@@ -2,7 +2,9 @@
 //! temporary folder, the real plugin host, the compiled plugins, and checks
 //! of the demo pipeline's invariants.
 
+pub mod events;
 pub mod fleet;
+pub mod nats;
 
 use std::path::PathBuf;
 use std::process::Output;

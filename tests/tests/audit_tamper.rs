@@ -124,7 +124,7 @@ async fn tampered_invariants_are_named(backend: Backend) {
             "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
              VALUES ('{doomed}/doomed/x', '{doomed}', 'doomed', 'x', '{{}}', 0)"
         ),
-        &format!("DELETE FROM outbox WHERE run_id = '{doomed}'"),
+        &format!("DELETE FROM outbox WHERE run_id = '{doomed}' AND stage = 'doomed'"),
         "outbox event `x` was written, but the stage is dead",
     )
     .await;

@@ -1,6 +1,7 @@
 //! `ratchet bench --smoke` produces its report on every backend. A smoke
 //! run only: no figure is asserted, benchmarks are not tests.
 
+use ratchet_tests::nats::jetstream;
 use ratchet_tests::{output, postgres_base_url, postgres_schema_url};
 use serde_json::Value;
 
@@ -20,6 +21,7 @@ async fn the_smoke_bench_reports_every_backend() {
     cmd.args(["bench", "--smoke", "--json"])
         .env("RATCHET_LOG", "error")
         .env_remove("RATCHET_BENCH_POSTGRES")
+        .env_remove("RATCHET_BENCH_NATS")
         .kill_on_drop(true);
     // Postgres when this machine has it (always under CI=true).
     let postgres = match postgres_schema_url().await {
@@ -28,6 +30,11 @@ async fn the_smoke_bench_reports_every_backend() {
     };
     if let Some(url) = &postgres {
         cmd.args(["--postgres", url]);
+    }
+    // The relay's scenario when this machine has NATS (always under CI=true).
+    let nats = jetstream().await.map(|(url, _)| url);
+    if let Some(url) = &nats {
+        cmd.args(["--nats", url]);
     }
     let out = output(cmd).await;
     assert!(out.status.success(), "{out:?}");
@@ -51,6 +58,13 @@ async fn the_smoke_bench_reports_every_backend() {
             assert!(
                 point["times_faster"].as_f64().is_some_and(f64::is_finite),
                 "{backend}: {point}"
+            );
+        }
+        if nats.is_some() {
+            let relay = &report[backend]["relay"];
+            assert!(
+                relay["ratio"].as_f64().is_some_and(f64::is_finite),
+                "{backend}: scenario 8 {relay}"
             );
         }
     }

@@ -22,20 +22,16 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use hmac::{Hmac, Mac};
 use ratchet_runtime::relay::{Relay, RelayConfig, Sinks};
-use ratchet_runtime::store::{
-    DeliveryFilter, DeliveryRow, DeliveryState, EdgeKind, JobBatch, NewEdge, NewJob, Redeliver,
-    RunSubmit,
-};
-use ratchet_tests::{BOUND, Backend, Harness, claim, completion, put_stand_in_plugin};
-use sha2::Sha256;
+use ratchet_runtime::store::{DeliveryFilter, DeliveryRow, DeliveryState, Redeliver};
+use ratchet_tests::events::{commit_chains, verified};
+use ratchet_tests::nats::{jetstream, stream_messages};
+use ratchet_tests::{BOUND, Backend, Harness};
 use tokio::sync::{Notify, watch};
 
 ratchet_tests::backend_tests! {
     every_event_reaches_its_sinks_in_order_retried_or_dead_lettered => delivered_in_order;
+    jetstream_holds_each_event_once_in_commit_order => jetstream_once;
 }
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -47,6 +43,8 @@ const EMITS: [&str; 4] = [
     "run.note",
     "draft.published",
 ];
+/// Each run's events: its stages' and its own `run.succeeded`.
+const PER_RUN: usize = EMITS.len() + 1;
 
 /// A webhook receiver that checks every signature and answers the first
 /// requests to `/hooks` from a script.
@@ -76,34 +74,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn verified(headers: &HeaderMap, body: &[u8]) -> Option<(String, String)> {
-    let header = |name: &str| headers.get(name)?.to_str().ok();
-    let (id, timestamp, signature) = (
-        header("webhook-id")?,
-        header("webhook-timestamp")?,
-        header("webhook-signature")?,
-    );
-    let key = BASE64.decode(SECRET.strip_prefix("whsec_")?).ok()?;
-    let mut mac = Hmac::<Sha256>::new_from_slice(&key).ok()?;
-    mac.update(format!("{id}.{timestamp}.").as_bytes());
-    mac.update(body);
-    let expected = format!("v1,{}", BASE64.encode(mac.finalize().into_bytes()));
-    let envelope: serde_json::Value = serde_json::from_slice(body).ok()?;
-    (signature == expected && envelope["id"] == id).then(|| {
-        (
-            envelope["run"].as_str().unwrap_or_default().to_string(),
-            id.to_string(),
-        )
-    })
-}
-
 async fn hooks(
     State(r): State<Arc<Receiver>>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> StatusCode {
     r.requests.fetch_add(1, Ordering::SeqCst);
-    let Some((run, id)) = verified(&headers, &body) else {
+    let Some((run, id)) = verified(SECRET, &headers, &body) else {
         r.bad_signatures.fetch_add(1, Ordering::SeqCst);
         return StatusCode::UNAUTHORIZED;
     };
@@ -114,7 +91,7 @@ async fn hooks(
         None => {
             let mut accepted = lock(&r.accepted);
             accepted.push((run, id));
-            if accepted.len() == RUNS * EMITS.len() {
+            if accepted.len() == RUNS * PER_RUN {
                 r.all_accepted.notify_one();
             }
             StatusCode::NO_CONTENT
@@ -127,7 +104,7 @@ async fn slow(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> StatusCode {
-    if verified(&headers, &body).is_none() {
+    if verified(SECRET, &headers, &body).is_none() {
         return StatusCode::UNAUTHORIZED;
     }
     r.slow_requests.fetch_add(1, Ordering::SeqCst);
@@ -141,7 +118,7 @@ async fn refuse(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> (StatusCode, &'static str) {
-    match verified(&headers, &body) {
+    match verified(SECRET, &headers, &body) {
         Some((_, id)) if r.refuse_accepts.load(Ordering::SeqCst) => {
             lock(&r.recovered).push(id);
             (StatusCode::OK, "")
@@ -200,65 +177,8 @@ fn relay(h: &Harness, sinks: &Sinks) -> Arc<Relay> {
     let env = |name: &str| (name == "RELAY_SECRET").then(|| SECRET.to_string());
     let mut config = RelayConfig::new("test-relay");
     config.poll = Duration::from_millis(5);
+    config.route_poll = Duration::from_millis(5);
     Arc::new(Relay::new(h.store.clone(), sinks, &env, h.clock.clone(), config).expect("relay"))
-}
-
-/// `RUNS` runs of four chained stages emitting [`EMITS`], each stage
-/// committed through the store's completion; returns every event's dedup
-/// key per run, in commit order.
-async fn committed_events(h: &Harness) -> BTreeMap<String, Vec<String>> {
-    let now = h.clock.now_ms();
-    put_stand_in_plugin(h.store.as_ref(), now).await;
-    for r in 0..RUNS {
-        let jobs = EMITS
-            .iter()
-            .enumerate()
-            .map(|(i, event)| NewJob {
-                stage: format!("s{i}"),
-                plugin_digest: "p".into(),
-                outputs: vec!["out".into()],
-                emits: vec![event.to_string()],
-                max_attempts: 1,
-            })
-            .collect();
-        let edges = (1..EMITS.len())
-            .map(|i| NewEdge {
-                from_stage: format!("s{}", i - 1),
-                to_stage: format!("s{i}"),
-                kind: EdgeKind::After,
-            })
-            .collect();
-        h.store
-            .run_submit(RunSubmit {
-                run_id: format!("run-{r}"),
-                pipeline: "chain".into(),
-                idempotency_key: None,
-                input: Vec::new(),
-                jobs,
-                edges,
-                inputs: Vec::new(),
-                now,
-            })
-            .await
-            .expect("submit");
-    }
-    loop {
-        let jobs = claim(h.store.as_ref(), "w", now, 100).await;
-        if jobs.is_empty() {
-            break;
-        }
-        let batch = JobBatch {
-            completions: jobs.iter().map(|j| completion(j, "w", now)).collect(),
-            claim: None,
-        };
-        h.store.job_batch(&batch).await.expect("complete");
-    }
-    let mut events: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for row in h.store.outbox_list(None).await.expect("outbox") {
-        events.entry(row.run_id).or_default().push(row.dedup_key);
-    }
-    assert_eq!(events.len(), RUNS);
-    events
 }
 
 /// Runs `relay` until nothing to its sinks is pending.
@@ -291,7 +211,7 @@ async fn delivered_in_order(backend: Backend) {
     let Some(h) = Harness::on(backend, Arc::new(ratchet_runtime::clock::SystemClock)).await else {
         return;
     };
-    let events = committed_events(&h).await;
+    let events = commit_chains(&h, RUNS, &EMITS).await;
     let receiver = Arc::new(Receiver::default());
     lock(&receiver.script).extend([
         Answer::Status(500),
@@ -349,7 +269,7 @@ async fn delivered_in_order(backend: Backend) {
     let down_rows = deliveries(&h, "down").await;
     assert_eq!(
         down_rows.len(),
-        RUNS * EMITS.len(),
+        RUNS * PER_RUN,
         "every event routed to `down`"
     );
     assert!(
@@ -359,7 +279,7 @@ async fn delivered_in_order(backend: Backend) {
         "nothing reached the dead sink: {down_rows:?}"
     );
     assert!(
-        receiver.requests.load(Ordering::SeqCst) as usize >= RUNS * EMITS.len() + 4,
+        receiver.requests.load(Ordering::SeqCst) as usize >= RUNS * PER_RUN + 4,
         "the scripted failures were retried"
     );
 
@@ -370,7 +290,7 @@ async fn delivered_in_order(backend: Backend) {
     let hooks = deliveries(&h, "hooks").await;
     assert_eq!(
         states(&hooks),
-        BTreeMap::from([(DeliveryState::Delivered, RUNS * EMITS.len())])
+        BTreeMap::from([(DeliveryState::Delivered, RUNS * PER_RUN)])
     );
     assert!(
         hooks.iter().any(|d| d.attempts > 1),
@@ -395,7 +315,7 @@ async fn delivered_in_order(backend: Backend) {
     let down_rows = deliveries(&h, "down").await;
     assert_eq!(
         states(&down_rows),
-        BTreeMap::from([(DeliveryState::Dead, RUNS * EMITS.len())])
+        BTreeMap::from([(DeliveryState::Dead, RUNS * PER_RUN)])
     );
     assert!(down_rows.iter().all(|d| {
         d.last_error
@@ -410,7 +330,7 @@ async fn delivered_in_order(backend: Backend) {
         .deliveries_redeliver(Redeliver::AllDead, h.clock.now_ms())
         .await
         .expect("redeliver");
-    assert_eq!(n as usize, drafts + RUNS * EMITS.len());
+    assert_eq!(n as usize, drafts + RUNS * PER_RUN);
     receiver.refuse_accepts.store(true, Ordering::SeqCst);
     let relay3 = relay(&h, &sinks_file(&base, down, 1, false));
     until_idle(relay3).await;
@@ -426,7 +346,91 @@ async fn delivered_in_order(backend: Backend) {
     assert_eq!(recovered, keys, "redelivered under the same dedup keys");
     assert_eq!(
         states(&deliveries(&h, "down").await),
-        BTreeMap::from([(DeliveryState::Pending, RUNS * EMITS.len())]),
+        BTreeMap::from([(DeliveryState::Pending, RUNS * PER_RUN)]),
         "a removed sink's deliveries stay pending"
+    );
+}
+
+/// A JetStream sink: the relay creates the stream, publishes every event
+/// on `{prefix}.{event}` with `Nats-Msg-Id` its dedup key, and the stream
+/// holds each once, in commit order per run. One event was published
+/// before the relay ran, as by a relay killed after its send and before
+/// marking it delivered: the stream acknowledges the relay's publish as a
+/// duplicate and keeps one copy. Seen failing with the `Nats-Msg-Id`
+/// header left off (the stream held that event twice) and with the ack's
+/// `duplicate` flag ignored (no redelivery counted as absorbed).
+async fn jetstream_once(backend: Backend) {
+    let Some((url, js)) = jetstream().await else {
+        return;
+    };
+    let Some(h) = Harness::on(backend, Arc::new(ratchet_runtime::clock::SystemClock)).await else {
+        return;
+    };
+    let events = commit_chains(&h, RUNS, &EMITS).await;
+    let tag = format!("{backend:?}{}", std::process::id()).to_lowercase();
+    let (stream, prefix) = (format!("RATCHET_TEST_{tag}"), format!("test-{tag}"));
+    let _ = js.delete_stream(&stream).await;
+    let text = format!(
+        "[[sink]]\nname = \"bus\"\ntype = \"nats\"\nurl = \"{url}\"\nstream = \"{stream}\"\nsubject = \"{prefix}.{{event}}\"\ncreate_stream = true\nevents = [\"*\"]\n"
+    );
+    let sinks = Sinks::parse("sinks.toml", &text).expect("sinks file");
+    // The stream exists before the early publish: the relay's creation of
+    // it is then a no-op, as for a relay restarted after a crash.
+    let config = async_nats::jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec![format!("{prefix}.>")],
+        duplicate_window: Duration::from_secs(3_600),
+        ..Default::default()
+    };
+    js.create_stream(config).await.expect("create stream");
+    let (early_run, early_keys) = events.iter().next().expect("a run");
+    let early = async_nats::jetstream::message::PublishMessage::build()
+        .payload("sent by a relay that died".into())
+        .message_id(&early_keys[0]);
+    js.send_publish(format!("{prefix}.{}", EMITS[0]), early)
+        .await
+        .expect("publish")
+        .await
+        .expect("acknowledged");
+
+    let relay = relay(&h, &sinks);
+    let stats = relay.stats();
+    until_idle(relay).await;
+    let messages = stream_messages(&js, &stream).await;
+    let _ = js.delete_stream(&stream).await;
+    let ids: Vec<&String> = messages.iter().map(|(_, id, _)| id).collect();
+    assert_eq!(ids.len(), RUNS * PER_RUN, "one message per event: {ids:?}");
+    assert_eq!(
+        stats.duplicates.load(Ordering::SeqCst),
+        1,
+        "{}",
+        stats.summary()
+    );
+    for (run, keys) in &events {
+        let seen: Vec<&String> = messages
+            .iter()
+            .filter(|(_, id, body)| {
+                id == &early_keys[0] && run == early_run
+                    || serde_json::from_slice::<serde_json::Value>(body)
+                        .is_ok_and(|e| e["run"] == run.as_str())
+            })
+            .map(|(_, id, _)| id)
+            .collect();
+        assert_eq!(
+            seen,
+            keys.iter().collect::<Vec<_>>(),
+            "commit order of {run}"
+        );
+    }
+    for (subject, id, _) in &messages {
+        let event = subject.strip_prefix(&format!("{prefix}.")).expect("prefix");
+        assert!(
+            id.contains(&format!("/{event}")),
+            "{id} published on {subject}"
+        );
+    }
+    assert_eq!(
+        states(&deliveries(&h, "bus").await),
+        BTreeMap::from([(DeliveryState::Delivered, RUNS * PER_RUN)])
     );
 }

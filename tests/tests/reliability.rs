@@ -157,12 +157,10 @@ plugin = "always-fatal@^1"
         .expect("f's attempt");
     assert_eq!(f_attempt.outcome, "failed");
     assert_eq!(f_attempt.error.as_deref(), Some(RUN_FAILED_IN_FLIGHT));
-    assert!(
-        h.store
-            .outbox_list(Some(&run))
-            .await
-            .expect("outbox")
-            .is_empty()
+    assert_eq!(
+        h.outbox_events(&run).await,
+        ["run.failed"],
+        "no stage's event, the run's own"
     );
 }
 

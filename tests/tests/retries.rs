@@ -125,12 +125,10 @@ inputs = { draft = "doomed.draft" }
         sched.claim(None).await.expect("claim").is_none(),
         "nothing left to run"
     );
-    assert!(
-        h.store
-            .outbox_list(Some(&run))
-            .await
-            .expect("outbox")
-            .is_empty()
+    assert_eq!(
+        h.outbox_events(&run).await,
+        ["run.failed"],
+        "no stage's event, the run's own"
     );
 }
 

@@ -234,3 +234,77 @@ async fn a_claim_on_sqlite_carries_each_jobs_own_canonical_inputs() {
     assert_eq!(stages(&outcome.claimed), [("join", 1)]);
     assert_eq!(outcome.claimed[0].inputs.as_ref().map(Vec::len), Some(0));
 }
+
+/// Migration 0014 gives runs that had finished their lifecycle event,
+/// already routed (nothing is sent for them), and a run in flight across
+/// it announces its end when it finishes. Seen failing with the backfill
+/// left out of the migration: the finished runs had no event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_across_migration_14_have_their_lifecycle_events() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("old.db");
+    let url = format!("sqlite://{}", path.display());
+    {
+        let mut old = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .connect()
+            .await
+            .expect("create");
+        sqlx::migrate!("../migrations/sqlite")
+            .run_to(13, &mut old)
+            .await
+            .expect("the schema before migration 14");
+        sqlx::raw_sql(
+            "INSERT INTO plugins (digest, name, version, manifest, component, size, registered_at)
+                 VALUES ('p', 'p', '1.0.0', '', x'00', 1, 0);
+             INSERT INTO runs (id, pipeline, state, created_at, finished_at, unfinished)
+                 VALUES ('done', 'one', 'succeeded', 0, 1, 0),
+                        ('dead', 'one', 'failed', 0, 1, 1),
+                        ('live', 'one', 'running', 0, NULL, 1);
+             INSERT INTO jobs (run_id, stage, plugin_digest, emits, outputs, state, pending,
+                               max_attempts, next_run_at, created_at, updated_at, last_error)
+                 VALUES ('done', 'a', 'p', '[]', '[\"out\"]', 'succeeded', 0, 3, 0, 0, 0, NULL),
+                        ('dead', 'a', 'p', '[]', '[\"out\"]', 'dead', 0, 3, 0, 0, 0, 'boom'),
+                        ('live', 'a', 'p', '[]', '[\"out\"]', 'ready', 0, 3, 0, 0, 0, NULL);",
+        )
+        .execute(&mut old)
+        .await
+        .expect("runs finished and in flight");
+        old.close().await.expect("close");
+    }
+
+    let store = SqliteStore::open(&url).await.expect("migrate");
+    let lifecycle = |run: &'static str| {
+        let store = store.clone();
+        async move {
+            let rows = store.outbox_list(Some(run)).await.expect("outbox");
+            assert_eq!(rows.len(), 1, "{run}: {rows:?}");
+            rows.into_iter().next().expect("one")
+        }
+    };
+    let done = lifecycle("done").await;
+    assert_eq!(
+        (done.event.as_str(), done.dedup_key.as_str()),
+        ("run.succeeded", "done/run.succeeded#1")
+    );
+    assert!(done.routed_at.is_some(), "not sent: {done:?}");
+    let dead = lifecycle("dead").await;
+    assert_eq!(dead.event, "run.failed");
+    assert_eq!(
+        dead.payload,
+        r#"{"state":"failed","pipeline":"one","generation":1,"failed_stage":"a","error":"boom"}"#
+    );
+    assert!(dead.routed_at.is_some(), "not sent: {dead:?}");
+
+    let now = SystemClock.now_ms();
+    let jobs = claim(&store, "w", now, 1).await;
+    assert_eq!(jobs.len(), 1);
+    store
+        .job_complete(completion(&jobs[0], "w", now))
+        .await
+        .expect("complete");
+    let live = lifecycle("live").await;
+    assert_eq!(live.event, "run.succeeded");
+    assert!(live.routed_at.is_none(), "to be sent: {live:?}");
+}

@@ -413,7 +413,10 @@ async fn postgres_writes_a_common_batch_in_one_call_and_any_other_in_steps() {
 
     let outbox = pg.outbox_list(Some(&run)).await.expect("outbox");
     let events: Vec<_> = outbox.iter().map(|o| o.event.as_str()).collect();
-    assert_eq!(events, ["a.done", "b.done", "c.done", "j.done"]);
+    assert_eq!(
+        events,
+        ["a.done", "b.done", "c.done", "j.done", "run.succeeded"]
+    );
     let audit = h.audit().await;
     assert!(audit.is_clean(), "{audit:?}");
 }

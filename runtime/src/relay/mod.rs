@@ -4,9 +4,13 @@
 //! A router marks each new outbox event routed and gives it one delivery
 //! per sink that takes it, in one transaction. Each sink then has a loop
 //! of its own: it claims its due deliveries with a lease (the earliest
-//! pending one of each run only), sends them, and records each result
-//! under the lease. A slow or dead sink only ever holds up itself.
+//! pending one of each run only), sends them together (a signed webhook
+//! POST, or a JetStream publish and its acknowledgement), and records the
+//! round's results in one transaction, each under its lease. A slow or dead
+//! sink only ever holds up itself.
 
+mod envelope;
+mod nats;
 mod sinks;
 mod webhook;
 
@@ -22,6 +26,8 @@ use crate::store::{
     ClaimedDelivery, Deliveries, DeliveryClaim, DeliveryFinish, DeliveryResult, NewDelivery,
     OutboxRow, Routing, StoreError,
 };
+pub use envelope::{envelope, rfc3339};
+pub use nats::SubjectTemplate;
 pub use sinks::{EventPattern, SinkConfig, SinkKind, Sinks};
 pub use webhook::WebhookSecret;
 
@@ -45,8 +51,11 @@ pub struct RelayConfig {
     pub claim_limit: usize,
     /// Events routed per transaction.
     pub route_page: usize,
-    /// How long a loop with nothing due waits before it looks again.
+    /// How long a sink's loop with nothing due waits before it looks again
+    /// (new events wake it sooner).
     pub poll: Duration,
+    /// How long the router waits before it looks for new events again.
+    pub route_poll: Duration,
 }
 
 impl RelayConfig {
@@ -57,6 +66,7 @@ impl RelayConfig {
             claim_limit: 64,
             route_page: 512,
             poll: Duration::from_millis(200),
+            route_poll: Duration::from_millis(50),
         }
     }
 }
@@ -68,6 +78,9 @@ pub struct RelayStats {
     pub delivered: AtomicU64,
     pub retried: AtomicU64,
     pub dead: AtomicU64,
+    /// Deliveries a JetStream stream acknowledged as duplicates of a
+    /// message it already held: redeliveries its window absorbed.
+    pub duplicates: AtomicU64,
     /// Results dropped because another relay had taken the lease over.
     pub lease_lost: AtomicU64,
 }
@@ -76,9 +89,10 @@ impl RelayStats {
     pub fn summary(&self) -> String {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "{} routed, {} delivered, {} retries, {} dead letters, {} results after a lost lease",
+            "{} routed, {} delivered ({} absorbed as duplicates), {} retries, {} dead letters, {} results after a lost lease",
             n(&self.routed),
             n(&self.delivered),
+            n(&self.duplicates),
             n(&self.retried),
             n(&self.dead),
             n(&self.lease_lost)
@@ -89,17 +103,15 @@ impl RelayStats {
 /// How one send ended, before the retry policy is applied.
 #[derive(Debug)]
 pub(crate) enum Sent {
-    Delivered(Option<i64>),
+    /// `duplicate`: the sink said it already had the event.
+    Delivered {
+        status: Option<i64>,
+        duplicate: bool,
+    },
     /// Worth another attempt (a timeout, a refused connection, 408, 429, 5xx).
-    Retryable {
-        status: Option<i64>,
-        error: String,
-    },
+    Retryable { status: Option<i64>, error: String },
     /// The sink refused the event for good (another 4xx, a redirect).
-    Refused {
-        status: Option<i64>,
-        error: String,
-    },
+    Refused { status: Option<i64>, error: String },
 }
 
 impl Sent {
@@ -111,6 +123,8 @@ impl Sent {
 #[derive(Debug)]
 enum Transport {
     Webhook(webhook::Webhook),
+    /// Boxed: its connection is built lazily and is much larger.
+    Nats(Box<nats::Nats>),
 }
 
 #[derive(Debug)]
@@ -156,16 +170,28 @@ impl Relay {
                     })?;
                     let secret = WebhookSecret::parse(&text)
                         .map_err(|why| fail(format!("`{secret_env}` {why}")))?;
-                    if timeout.as_millis() as i64 >= config.lease_ms {
-                        return Err(fail(format!(
-                            "`timeout_ms` ({} ms) is not below the relay's lease ({} ms); lower it",
-                            timeout.as_millis(),
-                            config.lease_ms
-                        )));
-                    }
                     Transport::Webhook(webhook::Webhook::new(url, secret, *timeout).map_err(fail)?)
                 }
+                SinkKind::Nats {
+                    url,
+                    subject,
+                    create_stream,
+                    timeout,
+                } => Transport::Nats(Box::new(nats::Nats::new(
+                    url,
+                    subject.clone(),
+                    create_stream.clone(),
+                    *timeout,
+                ))),
             };
+            let timeout = sink.kind.timeout();
+            if timeout.as_millis() as i64 >= config.lease_ms {
+                return Err(fail(format!(
+                    "`timeout_ms` ({} ms) is not below the relay's lease ({} ms); lower it",
+                    timeout.as_millis(),
+                    config.lease_ms
+                )));
+            }
             built.push(Arc::new(Sink {
                 config: sink.clone(),
                 transport,
@@ -226,72 +252,86 @@ impl Relay {
         }
     }
 
-    /// One round of sink `index`: claims its due deliveries, sends them
-    /// together and records each result. Returns how many it claimed.
-    async fn deliver_round(&self, index: usize) -> Result<usize, StoreError> {
+    /// One round of sink `index`: records the last round's results
+    /// (`sent`) and claims its due deliveries in one transaction, then sends
+    /// them together and leaves their results in `sent` for the next round
+    /// (or [`Self::record`]). Returns how many it claimed. On an error,
+    /// `sent` is kept to be recorded again.
+    async fn deliver_round(
+        &self,
+        index: usize,
+        sent: &mut Vec<(ClaimedDelivery, DeliveryResult)>,
+    ) -> Result<usize, StoreError> {
         let sink = &self.sinks[index];
-        let claimed = self
-            .store
-            .deliveries_claim(&DeliveryClaim {
-                relay: self.config.relay_id.clone(),
-                sinks: vec![sink.config.name.clone()],
-                now: self.clock.now_ms(),
-                lease_ms: self.config.lease_ms,
-                limit: self.config.claim_limit,
-            })
-            .await?;
+        let claim = DeliveryClaim {
+            relay: self.config.relay_id.clone(),
+            sinks: vec![sink.config.name.clone()],
+            now: self.clock.now_ms(),
+            lease_ms: self.config.lease_ms,
+            limit: self.config.claim_limit,
+        };
+        let claimed = self.record(&sink.config.name, sent, Some(&claim)).await?;
         let count = claimed.len();
         let mut sends = tokio::task::JoinSet::new();
         for delivery in claimed {
-            let (sink, clock) = (sink.clone(), self.clock.clone());
+            let (sink, clock, stats) = (sink.clone(), self.clock.clone(), self.stats.clone());
             sends.spawn(async move {
-                let result = attempt(&sink, &delivery, clock.as_ref()).await;
+                let result = attempt(&sink, &delivery, clock.as_ref(), &stats).await;
                 (delivery, result)
             });
         }
-        while let Some(sent) = sends.join_next().await {
-            let Ok((delivery, result)) = sent else {
-                continue; // a send that panicked: its lease lapses and it is retried
-            };
-            self.finish(&sink.config.name, delivery, result).await?;
+        while let Some(done) = sends.join_next().await {
+            // A send that panicked: its lease lapses and it is retried.
+            if let Ok(result) = done {
+                sent.push(result);
+            }
         }
         Ok(count)
     }
 
-    async fn finish(
+    /// Records `sent` (emptying it) and, with `claim`, claims the next
+    /// deliveries, in one transaction.
+    async fn record(
         &self,
         sink: &str,
-        delivery: ClaimedDelivery,
-        result: DeliveryResult,
-    ) -> Result<(), StoreError> {
-        let counter = match &result {
-            DeliveryResult::Delivered { .. } => &self.stats.delivered,
-            DeliveryResult::Retry { error, .. } => {
-                tracing::warn!(sink, event = %delivery.event.dedup_key, "delivery failed, retrying: {error}");
-                &self.stats.retried
-            }
-            DeliveryResult::Dead { error, .. } => {
-                tracing::error!(sink, event = %delivery.event.dedup_key, "dead letter: {error}");
-                &self.stats.dead
-            }
-        };
-        let finished = self
-            .store
-            .delivery_finish(&DeliveryFinish {
+        sent: &mut Vec<(ClaimedDelivery, DeliveryResult)>,
+        claim: Option<&DeliveryClaim>,
+    ) -> Result<Vec<ClaimedDelivery>, StoreError> {
+        let now = self.clock.now_ms();
+        let finished: Vec<DeliveryFinish> = sent
+            .iter()
+            .map(|(delivery, result)| DeliveryFinish {
                 id: delivery.id,
                 relay: self.config.relay_id.clone(),
                 attempts: delivery.attempts,
-                result,
-                now: self.clock.now_ms(),
+                result: result.clone(),
+                now,
             })
+            .collect();
+        if finished.is_empty() && claim.is_none() {
+            return Ok(Vec::new());
+        }
+        let (recorded, claimed) = self
+            .store
+            .deliveries_finish_then_claim(&finished, claim)
             .await?;
-        let counter = if finished {
-            counter
-        } else {
-            &self.stats.lease_lost
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        for ((delivery, result), recorded) in sent.drain(..).zip(recorded) {
+            let key = &delivery.event.dedup_key;
+            let counter = match &result {
+                _ if !recorded => &self.stats.lease_lost,
+                DeliveryResult::Delivered { .. } => &self.stats.delivered,
+                DeliveryResult::Retry { error, .. } => {
+                    tracing::warn!(sink, event = %key, "delivery failed, retrying: {error}");
+                    &self.stats.retried
+                }
+                DeliveryResult::Dead { error, .. } => {
+                    tracing::error!(sink, event = %key, "dead letter: {error}");
+                    &self.stats.dead
+                }
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(claimed)
     }
 
     /// Pending deliveries of sink `index` (due or waiting for a retry).
@@ -326,6 +366,15 @@ impl Relay {
                 );
             }
         }
+        for sink in &self.sinks {
+            // Connecting (and creating the stream) now says early what is
+            // wrong; a sink that cannot yet is tried again at each send.
+            if let Transport::Nats(nats) = &sink.transport
+                && let Err(e) = nats.connect().await
+            {
+                tracing::warn!(sink = %sink.config.name, "{e}; its deliveries are retried");
+            }
+        }
         if until_idle {
             self.route().await?;
         }
@@ -345,7 +394,7 @@ impl Relay {
                 Err(e) => tracing::warn!("routing events failed, trying again: {e}"),
             }
             tokio::select! {
-                _ = tokio::time::sleep(self.config.poll) => {}
+                _ = tokio::time::sleep(self.config.route_poll) => {}
                 _ = stop.changed() => {}
             }
         }
@@ -364,9 +413,10 @@ impl Relay {
         mut stop: watch::Receiver<bool>,
         routed: &Notify,
     ) -> Result<(), StoreError> {
+        let mut sent = Vec::new();
         while !*stop.borrow() {
             let woken = routed.notified();
-            match self.deliver_round(index).await {
+            match self.deliver_round(index, &mut sent).await {
                 Ok(0) => {}
                 Ok(_) => continue,
                 // Alone, a relay says why it stopped; beside a worker it
@@ -386,24 +436,34 @@ impl Relay {
                 _ = stop.changed() => {}
             }
         }
-        Ok(())
+        let sink = &self.sinks[index].config.name;
+        self.record(sink, &mut sent, None).await.map(|_| ())
     }
 }
 
 /// Sends one claimed delivery and applies its sink's retry policy.
-async fn attempt(sink: &Sink, d: &ClaimedDelivery, clock: &dyn Clock) -> DeliveryResult {
+async fn attempt(
+    sink: &Sink,
+    d: &ClaimedDelivery,
+    clock: &dyn Clock,
+    stats: &RelayStats,
+) -> DeliveryResult {
     crash::point("relay_before_send");
     let body = envelope(&d.event);
+    let e = &d.event;
     let sent = match &sink.transport {
-        Transport::Webhook(hook) => {
-            hook.send(&d.event.dedup_key, body, clock.now_ms() / 1_000)
-                .await
-        }
+        Transport::Webhook(hook) => hook.send(&e.dedup_key, body, clock.now_ms() / 1_000).await,
+        Transport::Nats(nats) => nats.send(&e.dedup_key, &e.event, &e.run_id, body).await,
     };
     crash::point("relay_after_send");
     let now = clock.now_ms();
     match sent {
-        Sent::Delivered(status) => DeliveryResult::Delivered { status },
+        Sent::Delivered { status, duplicate } => {
+            if duplicate {
+                stats.duplicates.fetch_add(1, Ordering::Relaxed);
+            }
+            DeliveryResult::Delivered { status }
+        }
         Sent::Refused { status, error } => DeliveryResult::Dead { status, error },
         Sent::Retryable { status, error } => {
             let config = &sink.config;
@@ -426,27 +486,4 @@ async fn attempt(sink: &Sink, d: &ClaimedDelivery, clock: &dyn Clock) -> Deliver
             }
         }
     }
-}
-
-/// `ms` since the epoch as RFC 3339, to the millisecond.
-pub fn rfc3339(ms: i64) -> String {
-    let at = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_millis(at).to_string()
-}
-
-/// What every sink is sent for an event: its identity, type, time, run and
-/// stage around the host-written payload.
-pub fn envelope(e: &OutboxRow) -> Vec<u8> {
-    let data = serde_json::from_str::<serde_json::Value>(&e.payload)
-        .unwrap_or_else(|_| serde_json::Value::String(e.payload.clone()));
-    serde_json::json!({
-        "id": e.dedup_key,
-        "type": e.event,
-        "timestamp": rfc3339(e.created_at),
-        "run": e.run_id,
-        "stage": e.stage,
-        "data": data,
-    })
-    .to_string()
-    .into_bytes()
 }

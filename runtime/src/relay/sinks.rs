@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::nats::SubjectTemplate;
 use crate::manifest::{ManifestError, Source};
 use crate::scheduler::Backoff;
 
@@ -16,8 +17,12 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 12;
 /// How long a delivery is retried before it is a dead letter, unless the
 /// file says: one day.
 pub const DEFAULT_MAX_AGE_S: u64 = 24 * 60 * 60;
-/// A webhook request's timeout, unless the file says.
+/// A webhook request's timeout, or how long a JetStream acknowledgement is
+/// waited for, unless the file says.
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+/// A created stream's duplicate window, unless the file says: twice the
+/// sink's `max_age_s`, so that every retry of a delivery falls inside it.
+pub const DUPLICATE_WINDOW_PER_MAX_AGE: u64 = 2;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,10 +44,15 @@ struct RawSink {
     max_age_s: Option<Spanned<u64>>,
     backoff_ms: Option<Spanned<u64>>,
     max_backoff_ms: Option<Spanned<u64>>,
-    // webhook
     url: Option<Spanned<String>>,
-    secret_env: Option<Spanned<String>>,
     timeout_ms: Option<Spanned<u64>>,
+    // webhook
+    secret_env: Option<Spanned<String>>,
+    // nats
+    stream: Option<Spanned<String>>,
+    subject: Option<Spanned<String>>,
+    create_stream: Option<Spanned<bool>>,
+    duplicate_window_s: Option<Spanned<u64>>,
 }
 
 /// The sinks an operator configured, in the file's order.
@@ -71,6 +81,25 @@ pub enum SinkKind {
         secret_env: String,
         timeout: Duration,
     },
+    /// Publish the event to NATS JetStream with `Nats-Msg-Id` set to its
+    /// dedup key.
+    Nats {
+        url: String,
+        subject: SubjectTemplate,
+        /// The stream to create on start, with its duplicate window.
+        create_stream: Option<(String, Duration)>,
+        /// How long the stream's acknowledgement is waited for.
+        timeout: Duration,
+    },
+}
+
+impl SinkKind {
+    /// How long one send may take.
+    pub fn timeout(&self) -> Duration {
+        match self {
+            Self::Webhook { timeout, .. } | Self::Nats { timeout, .. } => *timeout,
+        }
+    }
 }
 
 /// An event name pattern: `*` matches any run of characters, dots
@@ -184,10 +213,11 @@ fn sink_config(src: &Source<'_>, raw: &RawSink) -> Result<SinkConfig, ManifestEr
     }
     let kind = match raw.kind.get_ref().as_str() {
         "webhook" => webhook(src, raw)?,
+        "nats" => nats(src, raw)?,
         other => {
             return Err(src.at(
                 &raw.kind,
-                format!("sink `{name}` has type `{other}`; the types are `webhook`"),
+                format!("sink `{name}` has type `{other}`; the types are `webhook` and `nats`"),
             ));
         }
     };
@@ -200,6 +230,7 @@ fn sink_config(src: &Source<'_>, raw: &RawSink) -> Result<SinkConfig, ManifestEr
     positive(&raw.max_age_s, "max_age_s")?;
     positive(&raw.backoff_ms, "backoff_ms")?;
     positive(&raw.max_backoff_ms, "max_backoff_ms")?;
+    positive(&raw.timeout_ms, "timeout_ms")?;
     if let Some(attempts) = &raw.max_attempts
         && *attempts.get_ref() == 0
     {
@@ -240,6 +271,22 @@ fn sink_config(src: &Source<'_>, raw: &RawSink) -> Result<SinkConfig, ManifestEr
 
 fn webhook(src: &Source<'_>, raw: &RawSink) -> Result<SinkKind, ManifestError> {
     let name = raw.name.get_ref();
+    foreign(
+        src,
+        raw,
+        &[
+            ("stream", raw.stream.as_ref().map(Spanned::span)),
+            ("subject", raw.subject.as_ref().map(Spanned::span)),
+            (
+                "create_stream",
+                raw.create_stream.as_ref().map(Spanned::span),
+            ),
+            (
+                "duplicate_window_s",
+                raw.duplicate_window_s.as_ref().map(Spanned::span),
+            ),
+        ],
+    )?;
     let Some(url) = &raw.url else {
         return Err(src.at(
             &raw.name,
@@ -279,19 +326,133 @@ fn webhook(src: &Source<'_>, raw: &RawSink) -> Result<SinkKind, ManifestError> {
             format!("`secret_env` is `{var}`; it names an environment variable (A-Z, 0-9, `_`)"),
         ));
     }
-    if let Some(timeout) = &raw.timeout_ms
-        && *timeout.get_ref() == 0
-    {
-        return Err(src.at(timeout, "`timeout_ms` is 0; it must be at least 1"));
-    }
     Ok(SinkKind::Webhook {
         url: url.get_ref().clone(),
         secret_env: var.clone(),
-        timeout: Duration::from_millis(
-            raw.timeout_ms
-                .as_ref()
-                .map_or(DEFAULT_TIMEOUT_MS, |v| *v.get_ref()),
-        ),
+        timeout: timeout(raw),
+    })
+}
+
+fn timeout(raw: &RawSink) -> Duration {
+    Duration::from_millis(
+        raw.timeout_ms
+            .as_ref()
+            .map_or(DEFAULT_TIMEOUT_MS, |v| *v.get_ref()),
+    )
+}
+
+/// A field of one sink type found on a sink of another.
+fn foreign(
+    src: &Source<'_>,
+    raw: &RawSink,
+    fields: &[(&str, Option<std::ops::Range<usize>>)],
+) -> Result<(), ManifestError> {
+    let kind = raw.kind.get_ref();
+    match fields.iter().find(|(_, span)| span.is_some()) {
+        Some((field, span)) => Err(src.error(
+            span.clone(),
+            format!("`{field}` is not a field of a `{kind}` sink; remove it"),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn nats(src: &Source<'_>, raw: &RawSink) -> Result<SinkKind, ManifestError> {
+    let name = raw.name.get_ref();
+    foreign(
+        src,
+        raw,
+        &[("secret_env", raw.secret_env.as_ref().map(Spanned::span))],
+    )?;
+    let Some(url) = &raw.url else {
+        return Err(src.at(
+            &raw.name,
+            format!("nats sink `{name}` has no `url`; add url = \"nats://127.0.0.1:4222\""),
+        ));
+    };
+    match reqwest::Url::parse(url.get_ref()) {
+        Ok(u) if matches!(u.scheme(), "nats" | "tls") && u.host().is_some() => {}
+        _ => {
+            return Err(src.at(
+                url,
+                format!(
+                    "`{}` is not a NATS URL; write e.g. url = \"nats://127.0.0.1:4222\"",
+                    url.get_ref()
+                ),
+            ));
+        }
+    }
+    let Some(subject) = &raw.subject else {
+        return Err(src.at(
+            &raw.name,
+            format!(
+                "nats sink `{name}` has no `subject`; add e.g. subject = \"ratchet.{{event}}\""
+            ),
+        ));
+    };
+    let template = SubjectTemplate::parse(subject.get_ref()).map_err(|why| {
+        src.at(
+            subject,
+            format!("{why}; write e.g. subject = \"ratchet.{{event}}\""),
+        )
+    })?;
+    let create = raw.create_stream.as_ref().is_some_and(|c| *c.get_ref());
+    let stream = match (&raw.stream, create) {
+        (Some(stream), _) => {
+            let text = stream.get_ref();
+            let ok = !text.is_empty()
+                && text.len() <= 255
+                && text
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if !ok {
+                return Err(src.at(
+                    stream,
+                    format!("stream name `{text}` is not valid (letters, digits, `-`, `_`)"),
+                ));
+            }
+            Some(text.clone())
+        }
+        (None, true) => {
+            return Err(src.at(
+                &raw.name,
+                format!(
+                    "nats sink `{name}` has create_stream = true but no `stream`; name the stream, e.g. stream = \"RATCHET\""
+                ),
+            ));
+        }
+        (None, false) => None,
+    };
+    let max_age_s = raw
+        .max_age_s
+        .as_ref()
+        .map_or(DEFAULT_MAX_AGE_S, |v| *v.get_ref());
+    let window_s = match &raw.duplicate_window_s {
+        Some(window) if !create => {
+            return Err(src.at(
+                window,
+                "`duplicate_window_s` applies to a stream the relay creates; set create_stream = true or remove it",
+            ));
+        }
+        Some(window) if *window.get_ref() < max_age_s => {
+            return Err(src.at(
+                window,
+                format!(
+                    "`duplicate_window_s` ({}) is below the sink's `max_age_s` ({max_age_s}): a retry after the window would be stored twice; raise it",
+                    window.get_ref()
+                ),
+            ));
+        }
+        Some(window) => *window.get_ref(),
+        None => max_age_s.saturating_mul(DUPLICATE_WINDOW_PER_MAX_AGE),
+    };
+    Ok(SinkKind::Nats {
+        url: url.get_ref().clone(),
+        subject: template,
+        create_stream: stream
+            .filter(|_| create)
+            .map(|s| (s, Duration::from_secs(window_s))),
+        timeout: timeout(raw),
     })
 }
 

@@ -100,7 +100,10 @@ impl Webhook {
         let status = response.status();
         let code = Some(i64::from(status.as_u16()));
         if status.is_success() {
-            return Sent::Delivered(code);
+            return Sent::Delivered {
+                status: code,
+                duplicate: false,
+            };
         }
         let excerpt = match response.bytes().await {
             Ok(bytes) => {

@@ -43,6 +43,8 @@ pub(crate) trait AuditTx {
     async fn lost_edges(&mut self, r: StageRange<'_>) -> Result<Vec<NewEdge>>;
     /// In id order.
     async fn outbox(&mut self, r: StageRange<'_>) -> Result<Vec<OutboxRow>>;
+    /// The run's own events (stage `''`), in id order.
+    async fn lifecycle(&mut self, run_id: &str) -> Result<Vec<OutboxRow>>;
 }
 
 /// Hands `visitor` the run's facts, then its pages; nothing if the run does
@@ -60,6 +62,7 @@ pub(crate) async fn run(
         events: tx.run_events(run_id).await?,
         digest_mismatches: tx.digest_mismatches(run_id).await?,
         orphan_artifacts: tx.orphan_artifacts(run_id).await?,
+        lifecycle: tx.lifecycle(run_id).await?,
     });
     let mut after = String::new();
     loop {

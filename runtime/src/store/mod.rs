@@ -231,11 +231,12 @@ macro_rules! impl_store {
             async fn deliveries_route(&self, r: &Routing) -> Result<()> {
                 deliveries::route(self, r).await
             }
-            async fn deliveries_claim(&self, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
-                deliveries::claim(self, c).await
-            }
-            async fn delivery_finish(&self, f: &DeliveryFinish) -> Result<bool> {
-                deliveries::finish(self, f).await
+            async fn deliveries_finish_then_claim(
+                &self,
+                finished: &[DeliveryFinish],
+                claim: Option<&DeliveryClaim>,
+            ) -> Result<(Vec<bool>, Vec<ClaimedDelivery>)> {
+                deliveries::finish_then_claim(self, finished, claim).await
             }
             async fn delivery_list(&self, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
                 deliveries::list(&self.pool, f).await

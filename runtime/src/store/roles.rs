@@ -199,12 +199,15 @@ pub trait Deliveries: Send + Sync {
     /// Creates the deliveries (those not there yet) and marks the events
     /// routed, in one transaction.
     async fn deliveries_route(&self, r: &Routing) -> Result<()>;
-    /// Leases up to `c.limit` due deliveries to `c.relay`, in event order;
-    /// each attempt counted as it is claimed.
-    async fn deliveries_claim(&self, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>>;
-    /// Records an attempt's result unless its lease was taken over (then
-    /// `false`, and nothing changes).
-    async fn delivery_finish(&self, f: &DeliveryFinish) -> Result<bool>;
+    /// In one transaction: records attempts' results (each `true` if it
+    /// was recorded, `false` if its lease was taken over and nothing of it
+    /// changed), then leases up to `c.limit` due deliveries to `c.relay`,
+    /// in event order, each attempt counted as it is claimed.
+    async fn deliveries_finish_then_claim(
+        &self,
+        finished: &[DeliveryFinish],
+        claim: Option<&DeliveryClaim>,
+    ) -> Result<(Vec<bool>, Vec<ClaimedDelivery>)>;
     /// Deliveries in event order, then sink.
     async fn delivery_list(&self, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>>;
     /// Pending deliveries per sink, for sinks a relay's file may no longer

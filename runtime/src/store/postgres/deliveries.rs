@@ -53,10 +53,26 @@ impl RouteTx for RoutingTx<'_> {
     }
 }
 
-pub(super) async fn claim(
+pub(super) async fn finish_then_claim(
     store: &PostgresStore,
-    c: &DeliveryClaim,
-) -> Result<Vec<ClaimedDelivery>> {
+    finished: &[DeliveryFinish],
+    claim: Option<&DeliveryClaim>,
+) -> Result<(Vec<bool>, Vec<ClaimedDelivery>)> {
+    let mut tx = store.begin_write().await?;
+    let recorded = if finished.is_empty() {
+        Vec::new()
+    } else {
+        finish(&mut tx, finished).await?
+    };
+    let claimed = match claim {
+        Some(c) => self::claim(&mut tx, c).await?,
+        None => Vec::new(),
+    };
+    tx.commit().await?;
+    Ok((recorded, claimed))
+}
+
+async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
     let rows = sqlx::query(
         "WITH picked AS (
              SELECT d.id FROM deliveries d
@@ -82,7 +98,7 @@ pub(super) async fn claim(
     .bind(c.lease_ms)
     .bind(&c.sinks)
     .bind(c.limit as i64)
-    .fetch_all(&store.pool)
+    .fetch_all(&mut **tx)
     .await?;
     let mut claimed = rows
         .iter()
@@ -92,25 +108,31 @@ pub(super) async fn claim(
     Ok(claimed)
 }
 
-pub(super) async fn finish(store: &PostgresStore, f: &DeliveryFinish) -> Result<bool> {
-    let w = Finished::of(f);
-    let done = sqlx::query(
-        "UPDATE deliveries SET state = $1, next_at = COALESCE($2, next_at), last_status = $3,
-                last_error = $4, delivered_at = $5, lease_owner = NULL, lease_expires_at = NULL
-         WHERE id = $6 AND lease_owner = $7 AND attempts = $8 AND state = 'pending'",
+/// One statement for the whole round: each row's columns as arrays.
+async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
+    let rows: Vec<Finished<'_>> = finished.iter().map(Finished::of).collect();
+    let updated: Vec<i64> = sqlx::query_scalar(
+        "UPDATE deliveries d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
+                last_status = x.status, last_error = x.error, delivered_at = x.delivered_at,
+                lease_owner = NULL, lease_expires_at = NULL
+         FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[],
+                     $6::BIGINT[], $7::TEXT[], $8::BIGINT[])
+              AS x(state, next_at, status, error, delivered_at, id, relay, attempts)
+         WHERE d.id = x.id AND d.lease_owner = x.relay AND d.attempts = x.attempts
+           AND d.state = 'pending'
+         RETURNING d.id",
     )
-    .bind(w.state.as_str())
-    .bind(w.next_at)
-    .bind(w.status)
-    .bind(w.error)
-    .bind(w.delivered_at)
-    .bind(f.id)
-    .bind(&f.relay)
-    .bind(f.attempts)
-    .execute(&store.pool)
-    .await?
-    .rows_affected();
-    Ok(done == 1)
+    .bind(column(&rows, |w| w.state.as_str()))
+    .bind(column(&rows, |w| w.next_at))
+    .bind(column(&rows, |w| w.status))
+    .bind(column(&rows, |w| w.error))
+    .bind(column(&rows, |w| w.delivered_at))
+    .bind(column(finished, |f| f.id))
+    .bind(column(finished, |f| f.relay.as_str()))
+    .bind(column(finished, |f| f.attempts))
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(finished.iter().map(|f| updated.contains(&f.id)).collect())
 }
 
 pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {

@@ -101,6 +101,11 @@ impl FailTx for Failing<'_> {
         .bind(run_id)
         .execute(&mut **self.0)
         .await?;
+        sqlx::query("SELECT ratchet_lifecycle_events($1, $2)")
+            .bind(now)
+            .bind([run_id])
+            .execute(&mut **self.0)
+            .await?;
         Ok(())
     }
 

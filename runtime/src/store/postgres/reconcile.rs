@@ -86,11 +86,13 @@ impl RepairTx for Repairing<'_> {
     }
 
     async fn runs_finish(&mut self, runs: &[String], now: i64) -> Result<u64> {
-        let sql = "UPDATE runs SET state = 'succeeded', finished_at = $2
-                   WHERE id = ANY($1) AND state = 'running'
-                     AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.run_id = runs.id
-                                     AND jobs.state != 'succeeded')";
-        self.update(sql, runs, now).await
+        // Finishes them as a completion does, with their `run.succeeded`.
+        let finished: i64 = sqlx::query_scalar("SELECT ratchet_finish_runs($2, $1)")
+            .bind(runs)
+            .bind(now)
+            .fetch_one(&mut **self.0)
+            .await?;
+        Ok(u64::try_from(finished).unwrap_or(0))
     }
 
     async fn announce_ready(&mut self) -> Result<()> {

@@ -231,6 +231,16 @@ impl AuditTx for Auditing<'_, '_> {
                    ORDER BY id";
         self.fetch(sql, r, rows::outbox_row).await
     }
+
+    async fn lifecycle(&mut self, run_id: &str) -> Result<Vec<OutboxRow>> {
+        sqlx::query("SELECT * FROM outbox WHERE run_id = ? AND stage = '' ORDER BY id")
+            .bind(run_id)
+            .fetch_all(&mut **self.0)
+            .await?
+            .iter()
+            .map(rows::outbox_row)
+            .collect()
+    }
 }
 
 /// Up to `limit` run ids after `after`, in id order.

@@ -217,9 +217,10 @@ impl CompletionTx for Completion<'_, '_> {
     }
 
     /// A run's count of unsucceeded jobs says when to look; its jobs say
-    /// whether it is done.
+    /// whether it is done. A run finished gets its `run.succeeded`.
     async fn runs_finish_if_done(&mut self, runs: &[&str], now: i64) -> Result<()> {
-        sqlx::query(
+        let runs = to_json(&runs);
+        let finished = sqlx::query(
             "UPDATE runs SET state = 'succeeded', finished_at = ?1
              WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'running'
                AND unfinished <= 0
@@ -227,9 +228,13 @@ impl CompletionTx for Completion<'_, '_> {
                                  AND state != 'succeeded')",
         )
         .bind(now)
-        .bind(to_json(&runs))
+        .bind(&runs)
         .execute(&mut **self.0)
-        .await?;
+        .await?
+        .rows_affected();
+        if finished > 0 {
+            runs::lifecycle_events(self.0, &runs, now).await?;
+        }
         Ok(())
     }
 }

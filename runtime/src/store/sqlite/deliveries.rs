@@ -58,9 +58,47 @@ impl RouteTx for RoutingTx<'_, '_> {
     }
 }
 
-pub(super) async fn claim(store: &SqliteStore, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
+pub(super) async fn finish_then_claim(
+    store: &SqliteStore,
+    finished: &[DeliveryFinish],
+    claim: Option<&DeliveryClaim>,
+) -> Result<(Vec<bool>, Vec<ClaimedDelivery>)> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
+    let mut recorded = Vec::with_capacity(finished.len());
+    for f in finished {
+        recorded.push(finish(&mut tx, f).await?);
+    }
+    let claimed = match claim {
+        Some(c) => self::claim(&mut tx, c).await?,
+        None => Vec::new(),
+    };
+    store.commit(tx).await?;
+    Ok((recorded, claimed))
+}
+
+async fn finish(tx: &mut Tx<'_>, f: &DeliveryFinish) -> Result<bool> {
+    let w = Finished::of(f);
+    let rows = sqlx::query(
+        "UPDATE deliveries SET state = ?, next_at = COALESCE(?, next_at), last_status = ?,
+                last_error = ?, delivered_at = ?, lease_owner = NULL, lease_expires_at = NULL
+         WHERE id = ? AND lease_owner = ? AND attempts = ? AND state = 'pending'",
+    )
+    .bind(w.state.as_str())
+    .bind(w.next_at)
+    .bind(w.status)
+    .bind(w.error)
+    .bind(w.delivered_at)
+    .bind(f.id)
+    .bind(&f.relay)
+    .bind(f.attempts)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    Ok(rows == 1)
+}
+
+async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
     let ids: Vec<i64> = sqlx::query_scalar(
         "UPDATE deliveries SET lease_owner = ?1, lease_expires_at = ?2 + ?3,
                 attempts = attempts + 1
@@ -82,7 +120,7 @@ pub(super) async fn claim(store: &SqliteStore, c: &DeliveryClaim) -> Result<Vec<
     .bind(c.lease_ms)
     .bind(to_json(&c.sinks))
     .bind(c.limit as i64)
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?;
     let sql = format!(
         "SELECT {CLAIMED_COLUMNS} FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
@@ -90,34 +128,9 @@ pub(super) async fn claim(store: &SqliteStore, c: &DeliveryClaim) -> Result<Vec<
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(to_json(&ids))
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut **tx)
         .await?;
-    store.commit(tx).await?;
     rows.iter().map(rows::claimed_delivery).collect()
-}
-
-pub(super) async fn finish(store: &SqliteStore, f: &DeliveryFinish) -> Result<bool> {
-    let w = Finished::of(f);
-    let mut writer = store.writer.lock().await;
-    let mut tx = begin_write(&mut writer).await?;
-    let done = sqlx::query(
-        "UPDATE deliveries SET state = ?, next_at = COALESCE(?, next_at), last_status = ?,
-                last_error = ?, delivered_at = ?, lease_owner = NULL, lease_expires_at = NULL
-         WHERE id = ? AND lease_owner = ? AND attempts = ? AND state = 'pending'",
-    )
-    .bind(w.state.as_str())
-    .bind(w.next_at)
-    .bind(w.status)
-    .bind(w.error)
-    .bind(w.delivered_at)
-    .bind(f.id)
-    .bind(&f.relay)
-    .bind(f.attempts)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    store.commit(tx).await?;
-    Ok(done == 1)
 }
 
 pub(super) async fn list(pool: &SqlitePool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {

@@ -104,7 +104,7 @@ impl FailTx for Failing<'_, '_> {
         .bind(run_id)
         .execute(&mut **self.0)
         .await?;
-        Ok(())
+        runs::lifecycle_events(self.0, &to_json(&[run_id]), now).await
     }
 
     async fn attempt_failed(&mut self, f: &JobFail) -> Result<()> {

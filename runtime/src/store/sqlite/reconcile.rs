@@ -99,7 +99,11 @@ impl RepairTx for Repairing<'_, '_> {
                AND NOT EXISTS (SELECT 1 FROM jobs WHERE jobs.run_id = runs.id
                                AND jobs.state != 'succeeded')"
         );
-        self.update(sql, runs, now).await
+        let finished = self.update(sql, runs, now).await?;
+        if finished > 0 {
+            runs::lifecycle_events(self.0, &to_json(&runs), now).await?;
+        }
+        Ok(finished)
     }
 
     /// Workers in this process are woken by its own releases; others poll.

@@ -260,3 +260,34 @@ impl RepinTx for Repinning<'_, '_> {
         Ok(())
     }
 }
+
+/// The lifecycle event of each run of `runs` (a JSON list of ids) that has
+/// finished, `run.succeeded` or `run.failed`, written in the transaction
+/// that finished it; writing it twice writes it once. PostgreSQL's
+/// `ratchet_lifecycle_events` (migration 0014) says what it holds.
+pub(super) async fn lifecycle_events(
+    conn: &mut sqlx::SqliteConnection,
+    runs: &str,
+    now: i64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
+         SELECT r.id || '/run.' || r.state || '#' || r.generation, r.id, '', 'run.' || r.state,
+                json_patch('{}', json_object(
+                    'state', r.state, 'pipeline', r.pipeline, 'generation', r.generation,
+                    'failed_stage', (SELECT j.stage FROM jobs j WHERE j.run_id = r.id
+                                       AND j.state = 'dead' ORDER BY j.id LIMIT 1),
+                    'error', (SELECT j.last_error FROM jobs j WHERE j.run_id = r.id
+                                AND j.state = 'dead' ORDER BY j.id LIMIT 1))),
+                ?2
+         FROM runs r
+         WHERE r.id IN (SELECT value FROM json_each(?1)) AND r.state IN ('succeeded', 'failed')
+         ORDER BY r.id
+         ON CONFLICT (dedup_key) DO NOTHING",
+    )
+    .bind(runs)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

@@ -12,6 +12,9 @@ pub struct RunAuditFacts {
     /// Artifacts stored under a stage the run has no job for (other than
     /// the run's input).
     pub orphan_artifacts: Vec<ArtifactMeta>,
+    /// The run's own outbox events (`run.succeeded`, `run.failed`), in id
+    /// order.
+    pub lifecycle: Vec<OutboxRow>,
 }
 
 /// A page of a run's jobs (consecutive in stage order) and every row of

@@ -1,0 +1,198 @@
+//! (8) The relay against NATS JetStream, with the raw limit of the same
+//! server measured in the same run: publishes acknowledged per second at
+//! the relay's concurrency and pipelining (a round of `claim_limit`
+//! publishes in flight, all acknowledged, then the next), against events
+//! delivered per second by a relay working off a backlog of committed
+//! events; and the time from an event's commit to its acknowledgement,
+//! events committed one at a time while the relay runs.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, message::PublishMessage, stream};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::rig::{Rig, chain_pipeline, rig};
+use crate::{BenchConfig, Scratch, ms, per_s, percentile};
+use ratchet_runtime::relay::{Relay, RelayConfig, Sinks};
+use ratchet_runtime::store::{
+    ArtifactPut, DeliveryFilter, DeliveryState, RawCompletion, StoreError,
+};
+
+/// Runs the backlog is spread over, per delivery a relay sends at once.
+const RUNS_PER_SEND: usize = 4;
+
+/// Scenario 8's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayPoint {
+    pub events: usize,
+    /// Publishes (and acknowledgements) in flight at once, as the relay
+    /// sends a sink's claimed deliveries.
+    pub in_flight: usize,
+    pub raw_publishes_per_s: f64,
+    pub relay_events_per_s: f64,
+    /// `relay_events_per_s / raw_publishes_per_s`.
+    pub ratio: f64,
+    pub commit_to_ack_p50_ms: f64,
+    pub commit_to_ack_p99_ms: f64,
+}
+
+pub(crate) async fn relay(
+    scratch: &Scratch,
+    config: &BenchConfig,
+    nats: &str,
+) -> anyhow::Result<RelayPoint> {
+    let rig = rig(scratch, "relay", 1).await?;
+    // The relay keeps each run's events in commit order, one in flight per
+    // run and sink: the backlog is spread over four runs per send in
+    // flight, as events of many runs are.
+    let pipeline = chain_pipeline(1)?;
+    let mut runs = Vec::new();
+    for i in 0..RUNS_PER_SEND * RelayConfig::new("bench").claim_limit {
+        runs.push(
+            rig.submit(&pipeline, format!("relay {i}").into_bytes())
+                .await?,
+        );
+    }
+    let job_id = rig.store.job_list(&runs[0]).await?[0].id;
+    let js = jetstream::new(async_nats::connect(nats).await?);
+    let tag = format!("{}{}", std::process::id(), rig.clock.now_ms());
+    let name = format!("RATCHET_BENCH_{tag}");
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("bench-{tag}.>")],
+        ..Default::default()
+    })
+    .await?;
+    let measured = measure(&rig, (nats, &js), &tag, (&runs, job_id), config).await;
+    js.delete_stream(&name).await?;
+    measured
+}
+
+async fn measure(
+    rig: &Rig,
+    (nats, js): (&str, &jetstream::Context),
+    tag: &str,
+    (runs, job_id): (&[String], i64),
+    config: &BenchConfig,
+) -> anyhow::Result<RelayPoint> {
+    let events = config.relay_events;
+    let relay_config = RelayConfig::new("bench");
+    let in_flight = relay_config.claim_limit;
+
+    let start = Instant::now();
+    for round in 0..events.div_ceil(in_flight) {
+        let mut acks = Vec::with_capacity(in_flight);
+        for i in round * in_flight..((round + 1) * in_flight).min(events) {
+            let publish = PublishMessage::build()
+                .payload(format!("{{\"raw\":{i}}}").into())
+                .message_id(format!("raw-{i}"));
+            acks.push(js.send_publish(format!("bench-{tag}.raw"), publish).await?);
+        }
+        for ack in acks {
+            ack.await?;
+        }
+    }
+    let raw = per_s(events, start.elapsed());
+
+    for i in 0..events {
+        let run = &runs[i % runs.len()];
+        commit_event(rig, run, job_id, &format!("backlog-{i}")).await?;
+    }
+    let sinks = Sinks::parse(
+        "bench-sinks.toml",
+        &format!(
+            "[[sink]]\nname = \"bus\"\ntype = \"nats\"\nurl = \"{nats}\"\nsubject = \"bench-{tag}.{{event}}\"\nevents = [\"*\"]\n"
+        ),
+    )?;
+    let new_relay = |config: RelayConfig| {
+        Relay::new(
+            rig.store.clone(),
+            &sinks,
+            &|_| None,
+            rig.clock.clone(),
+            config,
+        )
+        .map(Arc::new)
+    };
+    let (stop, stopped) = watch::channel(false);
+    let start = Instant::now();
+    new_relay(relay_config.clone())?
+        .run(true, stopped.clone())
+        .await?;
+    let relayed = per_s(events, start.elapsed());
+
+    // Latency: the relay runs as it does beside a worker, and events are
+    // committed one at a time.
+    let running = tokio::spawn(new_relay(relay_config)?.run(false, stopped));
+    let mut committed = HashMap::new();
+    for i in 0..config.latency_samples {
+        let run = &runs[i % runs.len()];
+        let key = commit_event(rig, run, job_id, &format!("trickle-{i}")).await?;
+        committed.insert(key, rig.clock.now_ms());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let latencies = loop {
+        let delivered = delivered_at(rig).await?;
+        let samples: Vec<Duration> = committed
+            .iter()
+            .filter_map(|(key, at)| {
+                let ms = delivered.get(key)? - at;
+                Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+            })
+            .collect();
+        if samples.len() == committed.len() {
+            break samples;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let _ = stop.send(true);
+    running.await??;
+    let mut latencies = latencies;
+    latencies.sort();
+    Ok(RelayPoint {
+        events,
+        in_flight,
+        raw_publishes_per_s: raw,
+        relay_events_per_s: relayed,
+        ratio: relayed / raw.max(1e-9),
+        commit_to_ack_p50_ms: ms(percentile(&latencies, 0.5)),
+        commit_to_ack_p99_ms: ms(percentile(&latencies, 0.99)),
+    })
+}
+
+/// Commits one event with the statement shape of a completion (the raw
+/// limit's); returns its dedup key.
+async fn commit_event(rig: &Rig, run: &str, job_id: i64, name: &str) -> anyhow::Result<String> {
+    let bytes = name.as_bytes().to_vec();
+    let payload = ratchet_runtime::plugin::Payload::new(name, "text/plain", bytes);
+    let put = ArtifactPut {
+        run_id: run,
+        stage: "raw",
+        artifact: &payload,
+        attempt: 1,
+        plugin_digest: None,
+        now: rig.clock.now_ms(),
+    };
+    rig.store
+        .raw_completion(RawCompletion { job_id, put })
+        .await?;
+    Ok(format!("{run}/{name}/raw"))
+}
+
+/// When each delivered event was acknowledged, by dedup key.
+async fn delivered_at(rig: &Rig) -> Result<HashMap<String, i64>, StoreError> {
+    let filter = DeliveryFilter {
+        run_id: None,
+        state: Some(DeliveryState::Delivered),
+    };
+    Ok(rig
+        .store
+        .delivery_list(&filter)
+        .await?
+        .into_iter()
+        .filter_map(|d| Some((d.dedup_key, d.delivered_at?)))
+        .collect())
+}

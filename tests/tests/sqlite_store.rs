@@ -82,32 +82,19 @@ async fn a_run_in_flight_across_migration_7_finishes_when_its_last_job_succeeds(
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("old.db");
     let url = format!("sqlite://{}", path.display());
-    {
-        let mut old = SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true)
-            .connect()
-            .await
-            .expect("create");
-        sqlx::migrate!("../migrations/sqlite")
-            .run_to(4, &mut old)
-            .await
-            .expect("the schema before migration 7");
-        sqlx::raw_sql(
-            "INSERT INTO plugins (digest, name, version, manifest, component, size, registered_at)
-                 VALUES ('p', 'p', '1.0.0', '', x'00', 1, 0);
-             INSERT INTO runs (id, pipeline, state, created_at) VALUES ('r', 'two', 'running', 0);
-             INSERT INTO jobs (run_id, stage, plugin_digest, emits, outputs, state, pending,
-                               max_attempts, next_run_at, created_at, updated_at)
-                 VALUES ('r', 'a', 'p', '[]', '[\"out\"]', 'succeeded', 0, 3, 0, 0, 0),
-                        ('r', 'b', 'p', '[]', '[\"out\"]', 'ready', 0, 3, 0, 0, 0),
-                        ('r', 'c', 'p', '[]', '[\"out\"]', 'ready', 0, 3, 0, 0, 0);",
-        )
-        .execute(&mut old)
-        .await
-        .expect("a run in flight");
-        old.close().await.expect("close");
-    }
+    old_database(
+        &path,
+        4,
+        "INSERT INTO plugins (digest, name, version, manifest, component, size, registered_at)
+             VALUES ('p', 'p', '1.0.0', '', x'00', 1, 0);
+         INSERT INTO runs (id, pipeline, state, created_at) VALUES ('r', 'two', 'running', 0);
+         INSERT INTO jobs (run_id, stage, plugin_digest, emits, outputs, state, pending,
+                           max_attempts, next_run_at, created_at, updated_at)
+             VALUES ('r', 'a', 'p', '[]', '[\"out\"]', 'succeeded', 0, 3, 0, 0, 0),
+                    ('r', 'b', 'p', '[]', '[\"out\"]', 'ready', 0, 3, 0, 0, 0),
+                    ('r', 'c', 'p', '[]', '[\"out\"]', 'ready', 0, 3, 0, 0, 0);",
+    )
+    .await;
 
     let store = SqliteStore::open(&url).await.expect("migrate");
     let claim = |limit| JobClaim {
@@ -244,35 +231,22 @@ async fn runs_across_migration_14_have_their_lifecycle_events() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("old.db");
     let url = format!("sqlite://{}", path.display());
-    {
-        let mut old = SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true)
-            .connect()
-            .await
-            .expect("create");
-        sqlx::migrate!("../migrations/sqlite")
-            .run_to(13, &mut old)
-            .await
-            .expect("the schema before migration 14");
-        sqlx::raw_sql(
-            "INSERT INTO plugins (digest, name, version, manifest, component, size, registered_at)
-                 VALUES ('p', 'p', '1.0.0', '', x'00', 1, 0);
-             INSERT INTO runs (id, pipeline, state, created_at, finished_at, unfinished)
-                 VALUES ('done', 'one', 'succeeded', 0, 1, 0),
-                        ('dead', 'one', 'failed', 0, 1, 1),
-                        ('live', 'one', 'running', 0, NULL, 1);
-             INSERT INTO jobs (run_id, stage, plugin_digest, emits, outputs, state, pending,
-                               max_attempts, next_run_at, created_at, updated_at, last_error)
-                 VALUES ('done', 'a', 'p', '[]', '[\"out\"]', 'succeeded', 0, 3, 0, 0, 0, NULL),
-                        ('dead', 'a', 'p', '[]', '[\"out\"]', 'dead', 0, 3, 0, 0, 0, 'boom'),
-                        ('live', 'a', 'p', '[]', '[\"out\"]', 'ready', 0, 3, 0, 0, 0, NULL);",
-        )
-        .execute(&mut old)
-        .await
-        .expect("runs finished and in flight");
-        old.close().await.expect("close");
-    }
+    old_database(
+        &path,
+        13,
+        "INSERT INTO plugins (digest, name, version, manifest, component, size, registered_at)
+             VALUES ('p', 'p', '1.0.0', '', x'00', 1, 0);
+         INSERT INTO runs (id, pipeline, state, created_at, finished_at, unfinished)
+             VALUES ('done', 'one', 'succeeded', 0, 1, 0),
+                    ('dead', 'one', 'failed', 0, 1, 1),
+                    ('live', 'one', 'running', 0, NULL, 1);
+         INSERT INTO jobs (run_id, stage, plugin_digest, emits, outputs, state, pending,
+                           max_attempts, next_run_at, created_at, updated_at, last_error)
+             VALUES ('done', 'a', 'p', '[]', '[\"out\"]', 'succeeded', 0, 3, 0, 0, 0, NULL),
+                    ('dead', 'a', 'p', '[]', '[\"out\"]', 'dead', 0, 3, 0, 0, 0, 'boom'),
+                    ('live', 'a', 'p', '[]', '[\"out\"]', 'ready', 0, 3, 0, 0, 0, NULL);",
+    )
+    .await;
 
     let store = SqliteStore::open(&url).await.expect("migrate");
     let lifecycle = |run: &'static str| {
@@ -307,4 +281,23 @@ async fn runs_across_migration_14_have_their_lifecycle_events() {
     let live = lifecycle("live").await;
     assert_eq!(live.event, "run.succeeded");
     assert!(live.routed_at.is_none(), "to be sent: {live:?}");
+}
+
+/// A database at `path` migrated up to `version`, holding `rows` (SQL).
+async fn old_database(path: &std::path::Path, version: i64, rows: &str) {
+    let mut old = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .connect()
+        .await
+        .expect("create");
+    sqlx::migrate!("../migrations/sqlite")
+        .run_to(version, &mut old)
+        .await
+        .expect("the schema of an older version");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(rows.to_string()))
+        .execute(&mut old)
+        .await
+        .expect("its rows");
+    old.close().await.expect("close");
 }

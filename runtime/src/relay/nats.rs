@@ -123,7 +123,7 @@ impl Nats {
 pub struct SubjectTemplate(String);
 
 /// The placeholders a subject may hold.
-pub(super) const PLACEHOLDERS: [&str; 2] = ["{event}", "{run}"];
+const PLACEHOLDERS: [&str; 2] = ["{event}", "{run}"];
 
 impl SubjectTemplate {
     /// Checks that `text` is a subject once its placeholders are filled.

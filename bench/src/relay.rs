@@ -1,10 +1,11 @@
 //! (8) The relay against NATS JetStream, with the raw limit of the same
 //! server measured in the same run: publishes acknowledged per second at
-//! the relay's concurrency and pipelining (a round of `claim_limit`
-//! publishes in flight, all acknowledged, then the next), against events
-//! delivered per second by a relay working off a backlog of committed
-//! events; and the time from an event's commit to its acknowledgement,
-//! events committed one at a time while the relay runs.
+//! the relay's concurrency and pipelining (`claim_runs` publishers side by
+//! side, as the relay sends that many runs at once, each waiting for its
+//! acknowledgement before its next publish, as a run's events go one after
+//! another), against events delivered per second by a relay working off a
+//! backlog of committed events; and the time from an event's commit to its
+//! acknowledgement, events committed one at a time while the relay runs.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,15 +22,15 @@ use ratchet_runtime::store::{
     ArtifactPut, DeliveryFilter, DeliveryState, RawCompletion, StoreError,
 };
 
-/// Runs the backlog is spread over, per delivery a relay sends at once.
+/// Runs the backlog is spread over, per run a relay sends at once.
 const RUNS_PER_SEND: usize = 4;
 
 /// Scenario 8's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct RelayPoint {
     pub events: usize,
-    /// Publishes (and acknowledgements) in flight at once, as the relay
-    /// sends a sink's claimed deliveries.
+    /// Publishes (and acknowledgements) in flight at once: the runs a
+    /// relay's round sends side by side.
     pub in_flight: usize,
     pub raw_publishes_per_s: f64,
     pub relay_events_per_s: f64,
@@ -46,11 +47,11 @@ pub(crate) async fn relay(
 ) -> anyhow::Result<RelayPoint> {
     let rig = rig(scratch, "relay", 1).await?;
     // The relay keeps each run's events in commit order, one in flight per
-    // run and sink: the backlog is spread over four runs per send in
-    // flight, as events of many runs are.
+    // run and sink: the backlog is spread over four runs per run a round
+    // sends, as events of many runs are.
     let pipeline = chain_pipeline(1)?;
     let mut runs = Vec::new();
-    for i in 0..RUNS_PER_SEND * RelayConfig::new("bench").claim_limit {
+    for i in 0..RUNS_PER_SEND * RelayConfig::new("bench").claim_runs {
         runs.push(
             rig.submit(&pipeline, format!("relay {i}").into_bytes())
                 .await?,
@@ -80,20 +81,24 @@ async fn measure(
 ) -> anyhow::Result<RelayPoint> {
     let events = config.relay_events;
     let relay_config = RelayConfig::new("bench");
-    let in_flight = relay_config.claim_limit;
+    let in_flight = relay_config.claim_runs;
 
     let start = Instant::now();
-    for round in 0..events.div_ceil(in_flight) {
-        let mut acks = Vec::with_capacity(in_flight);
-        for i in round * in_flight..((round + 1) * in_flight).min(events) {
-            let publish = PublishMessage::build()
-                .payload(format!("{{\"raw\":{i}}}").into())
-                .message_id(format!("raw-{i}"));
-            acks.push(js.send_publish(format!("bench-{tag}.raw"), publish).await?);
-        }
-        for ack in acks {
-            ack.await?;
-        }
+    let mut publishers = tokio::task::JoinSet::new();
+    for lane in 0..in_flight {
+        let (js, subject) = (js.clone(), format!("bench-{tag}.raw"));
+        publishers.spawn(async move {
+            for i in (lane..events).step_by(in_flight) {
+                let publish = PublishMessage::build()
+                    .payload(format!("{{\"raw\":{i}}}").into())
+                    .message_id(format!("raw-{i}"));
+                js.send_publish(subject.clone(), publish).await?.await?;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(done) = publishers.join_next().await {
+        done??;
     }
     let raw = per_s(events, start.elapsed());
 

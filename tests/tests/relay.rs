@@ -12,7 +12,10 @@
 //!   refused every request and the test waited out its bound;
 //! - one loop claiming for every sink at once: the healthy sink's next
 //!   round waited for the slow sink's answers, which come only after the
-//!   healthy sink has every event, and the test waited out its bound.
+//!   healthy sink has every event, and the test waited out its bound;
+//! - a run's claimed events still sent after an earlier one failed: the
+//!   order assertion failed; and their attempts not given back when held
+//!   back unsent: the dead sink's later events counted attempts never made.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -278,6 +281,16 @@ async fn delivered_in_order(backend: Backend) {
             .all(|d| d.state != DeliveryState::Delivered),
         "nothing reached the dead sink: {down_rows:?}"
     );
+    for (run, ids) in &events {
+        let later: Vec<&DeliveryRow> = down_rows
+            .iter()
+            .filter(|d| &d.run_id == run && d.dedup_key != ids[0])
+            .collect();
+        assert!(
+            later.iter().all(|d| d.attempts == 0),
+            "{run}'s later events waited behind its first, unsent, their claims' attempts given back: {later:?}"
+        );
+    }
     assert!(
         receiver.requests.load(Ordering::SeqCst) as usize >= RUNS * PER_RUN + 4,
         "the scripted failures were retried"

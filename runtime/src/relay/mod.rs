@@ -3,17 +3,20 @@
 //!
 //! A router marks each new outbox event routed and gives it one delivery
 //! per sink that takes it, in one transaction. Each sink then has a loop
-//! of its own: it claims its due deliveries with a lease (the earliest
-//! pending one of each run only), sends them together (a signed webhook
-//! POST, or a JetStream publish and its acknowledgement), and records the
-//! round's results in one transaction, each under its lease. A slow or dead
-//! sink only ever holds up itself.
+//! of its own: it claims due deliveries with a lease, a run at a time (the
+//! run's earliest pending one and the next few after it), sends each run's
+//! one after another and the runs side by side (a signed webhook POST, or a
+//! JetStream publish and its acknowledgement), and records the round's
+//! results with the next claim in one transaction, each under its lease. A
+//! slow or dead sink only ever holds up itself.
 
 mod envelope;
 mod nats;
+mod send;
 mod sinks;
 mod webhook;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -21,7 +24,6 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
 use crate::clock::Clock;
-use crate::crash;
 use crate::store::{
     ClaimedDelivery, Deliveries, DeliveryClaim, DeliveryFinish, DeliveryResult, NewDelivery,
     OutboxRow, Routing, StoreError,
@@ -47,8 +49,10 @@ pub struct RelayConfig {
     /// Longer than any sink's timeout: a lease lapses only when its relay
     /// is gone.
     pub lease_ms: i64,
-    /// Deliveries a sink's loop claims and sends at once.
-    pub claim_limit: usize,
+    /// Runs a sink's loop claims at once: the deliveries it has in flight.
+    pub claim_runs: usize,
+    /// Deliveries of one run a claim takes, sent one after another.
+    pub claim_per_run: usize,
     /// Events routed per transaction.
     pub route_page: usize,
     /// How long a sink's loop with nothing due waits before it looks again
@@ -63,7 +67,8 @@ impl RelayConfig {
         Self {
             relay_id: relay_id.into(),
             lease_ms: 60_000,
-            claim_limit: 64,
+            claim_runs: 64,
+            claim_per_run: 16,
             route_page: 512,
             poll: Duration::from_millis(200),
             route_poll: Duration::from_millis(50),
@@ -254,9 +259,10 @@ impl Relay {
 
     /// One round of sink `index`: records the last round's results
     /// (`sent`) and claims its due deliveries in one transaction, then sends
-    /// them together and leaves their results in `sent` for the next round
-    /// (or [`Self::record`]). Returns how many it claimed. On an error,
-    /// `sent` is kept to be recorded again.
+    /// them, each run's in order and the runs together, and leaves their
+    /// results in `sent` for the next round (or [`Self::record`]). Returns
+    /// how many it claimed. On an error, `sent` is kept to be recorded
+    /// again.
     async fn deliver_round(
         &self,
         index: usize,
@@ -268,22 +274,30 @@ impl Relay {
             sinks: vec![sink.config.name.clone()],
             now: self.clock.now_ms(),
             lease_ms: self.config.lease_ms,
-            limit: self.config.claim_limit,
+            runs: self.config.claim_runs,
+            per_run: self.config.claim_per_run,
         };
         let claimed = self.record(&sink.config.name, sent, Some(&claim)).await?;
         let count = claimed.len();
-        let mut sends = tokio::task::JoinSet::new();
+        let mut runs: BTreeMap<String, Vec<ClaimedDelivery>> = BTreeMap::new();
         for delivery in claimed {
+            runs.entry(delivery.event.run_id.clone())
+                .or_default()
+                .push(delivery);
+        }
+        let lease_end = claim.now + claim.lease_ms;
+        let mut lanes = tokio::task::JoinSet::new();
+        for run in runs.into_values() {
             let (sink, clock, stats) = (sink.clone(), self.clock.clone(), self.stats.clone());
-            sends.spawn(async move {
-                let result = attempt(&sink, &delivery, clock.as_ref(), &stats).await;
-                (delivery, result)
+            lanes.spawn(async move {
+                send::send_run(&sink, run, lease_end, clock.as_ref(), &stats).await
             });
         }
-        while let Some(done) = sends.join_next().await {
-            // A send that panicked: its lease lapses and it is retried.
-            if let Ok(result) = done {
-                sent.push(result);
+        while let Some(done) = lanes.join_next().await {
+            // A run's sends that panicked: their leases lapse and they are
+            // retried.
+            if let Ok(results) = done {
+                sent.extend(results);
             }
         }
         Ok(count)
@@ -319,6 +333,7 @@ impl Relay {
             let key = &delivery.event.dedup_key;
             let counter = match &result {
                 _ if !recorded => &self.stats.lease_lost,
+                DeliveryResult::Unsent => continue,
                 DeliveryResult::Delivered { .. } => &self.stats.delivered,
                 DeliveryResult::Retry { error, .. } => {
                     tracing::warn!(sink, event = %key, "delivery failed, retrying: {error}");
@@ -438,52 +453,5 @@ impl Relay {
         }
         let sink = &self.sinks[index].config.name;
         self.record(sink, &mut sent, None).await.map(|_| ())
-    }
-}
-
-/// Sends one claimed delivery and applies its sink's retry policy.
-async fn attempt(
-    sink: &Sink,
-    d: &ClaimedDelivery,
-    clock: &dyn Clock,
-    stats: &RelayStats,
-) -> DeliveryResult {
-    crash::point("relay_before_send");
-    let body = envelope(&d.event);
-    let e = &d.event;
-    let sent = match &sink.transport {
-        Transport::Webhook(hook) => hook.send(&e.dedup_key, body, clock.now_ms() / 1_000).await,
-        Transport::Nats(nats) => nats.send(&e.dedup_key, &e.event, &e.run_id, body).await,
-    };
-    crash::point("relay_after_send");
-    let now = clock.now_ms();
-    match sent {
-        Sent::Delivered { status, duplicate } => {
-            if duplicate {
-                stats.duplicates.fetch_add(1, Ordering::Relaxed);
-            }
-            DeliveryResult::Delivered { status }
-        }
-        Sent::Refused { status, error } => DeliveryResult::Dead { status, error },
-        Sent::Retryable { status, error } => {
-            let config = &sink.config;
-            let age = Duration::from_millis(u64::try_from(now - d.retrying_since).unwrap_or(0));
-            if d.attempts >= i64::from(config.max_attempts) || age >= config.max_age {
-                DeliveryResult::Dead {
-                    status,
-                    error: format!(
-                        "retries exhausted ({} attempts over {} s): {error}",
-                        d.attempts,
-                        age.as_secs()
-                    ),
-                }
-            } else {
-                DeliveryResult::Retry {
-                    at: now + config.backoff.delay_ms(d.attempts),
-                    status,
-                    error,
-                }
-            }
-        }
     }
 }

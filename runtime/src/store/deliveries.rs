@@ -26,6 +26,7 @@ pub(crate) async fn route(tx: &mut impl RouteTx, r: &Routing) -> Result<()> {
 }
 
 /// The columns an attempt's result writes to its delivery row.
+#[derive(serde::Serialize)]
 pub(crate) struct Finished<'a> {
     pub state: super::DeliveryState,
     /// `None` keeps the row's.
@@ -33,6 +34,9 @@ pub(crate) struct Finished<'a> {
     pub status: Option<i64>,
     pub error: Option<&'a str>,
     pub delivered_at: Option<i64>,
+    /// Not sent ([`super::DeliveryResult::Unsent`]): the row keeps its last
+    /// status and error, and its attempt count goes back by the claim's one.
+    pub unsent: bool,
 }
 
 impl<'a> Finished<'a> {
@@ -45,6 +49,7 @@ impl<'a> Finished<'a> {
                 status: *status,
                 error: None,
                 delivered_at: Some(f.now),
+                unsent: false,
             },
             DeliveryResult::Retry { at, status, error } => Self {
                 state: DeliveryState::Pending,
@@ -52,6 +57,7 @@ impl<'a> Finished<'a> {
                 status: *status,
                 error: Some(error),
                 delivered_at: None,
+                unsent: false,
             },
             DeliveryResult::Dead { status, error } => Self {
                 state: DeliveryState::Dead,
@@ -59,6 +65,15 @@ impl<'a> Finished<'a> {
                 status: *status,
                 error: Some(error),
                 delivered_at: None,
+                unsent: false,
+            },
+            DeliveryResult::Unsent => Self {
+                state: DeliveryState::Pending,
+                next_at: None,
+                status: None,
+                error: None,
+                delivered_at: None,
+                unsent: true,
             },
         }
     }

@@ -16,10 +16,21 @@ pub(super) async fn unrouted(pool: &PgPool, limit: usize) -> Result<Vec<OutboxRo
 }
 
 pub(super) async fn route(store: &PostgresStore, r: &Routing) -> Result<()> {
-    let mut tx = store.begin_write().await?;
+    let mut tx = begin_bookkeeping(store).await?;
     deliveries::route(&mut RoutingTx(&mut tx), r).await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// A write transaction of the relay's bookkeeping, whose commit does not
+/// wait for the disk (ADR 0024): losing it in a server crash only sends an
+/// event again under its dedup key.
+async fn begin_bookkeeping(store: &PostgresStore) -> Result<Tx> {
+    let mut tx = store.begin_write().await?;
+    sqlx::query("SET LOCAL synchronous_commit = off")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
 }
 
 /// The statements of `store::deliveries` on a write transaction.
@@ -58,7 +69,7 @@ pub(super) async fn finish_then_claim(
     finished: &[DeliveryFinish],
     claim: Option<&DeliveryClaim>,
 ) -> Result<(Vec<bool>, Vec<ClaimedDelivery>)> {
-    let mut tx = store.begin_write().await?;
+    let mut tx = begin_bookkeeping(store).await?;
     let recorded = if finished.is_empty() {
         Vec::new()
     } else {
@@ -74,8 +85,8 @@ pub(super) async fn finish_then_claim(
 
 async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
     let rows = sqlx::query(
-        "WITH picked AS (
-             SELECT d.id FROM deliveries d
+        "WITH heads AS (
+             SELECT d.run_id, d.sink, d.outbox_id FROM deliveries d
              WHERE d.state = 'pending' AND d.next_at <= $2
                AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= $2)
                AND d.sink = ANY($4)
@@ -85,11 +96,21 @@ async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
                      AND e.outbox_id < d.outbox_id)
              ORDER BY d.next_at, d.outbox_id
              LIMIT $5
-             FOR UPDATE SKIP LOCKED)
+             FOR UPDATE SKIP LOCKED),
+         spans AS (
+             SELECT n.id, count(*) FILTER (WHERE n.next_at > $2 OR n.lease_expires_at > $2)
+                              OVER (PARTITION BY n.run_id, n.sink ORDER BY n.outbox_id) AS held
+             FROM heads h CROSS JOIN LATERAL (
+                 SELECT e.id, e.run_id, e.sink, e.outbox_id, e.next_at, e.lease_expires_at
+                 FROM deliveries e
+                 WHERE e.state = 'pending' AND e.run_id = h.run_id AND e.sink = h.sink
+                   AND e.outbox_id >= h.outbox_id
+                 ORDER BY e.outbox_id
+                 LIMIT $6) n)
          UPDATE deliveries d SET lease_owner = $1, lease_expires_at = $2 + $3,
                 attempts = d.attempts + 1
-         FROM picked, outbox o
-         WHERE d.id = picked.id AND o.id = d.outbox_id
+         FROM spans, outbox o
+         WHERE d.id = spans.id AND spans.held = 0 AND o.id = d.outbox_id
          RETURNING o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload, o.created_at,
                    o.routed_at, d.id AS delivery_id, d.sink, d.attempts, d.retrying_since",
     )
@@ -97,7 +118,8 @@ async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
     .bind(c.now)
     .bind(c.lease_ms)
     .bind(&c.sinks)
-    .bind(c.limit as i64)
+    .bind(c.runs as i64)
+    .bind(c.per_run as i64)
     .fetch_all(&mut **tx)
     .await?;
     let mut claimed = rows
@@ -113,11 +135,13 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
     let rows: Vec<Finished<'_>> = finished.iter().map(Finished::of).collect();
     let updated: Vec<i64> = sqlx::query_scalar(
         "UPDATE deliveries d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
-                last_status = x.status, last_error = x.error, delivered_at = x.delivered_at,
+                last_status = CASE WHEN x.unsent THEN d.last_status ELSE x.status END,
+                last_error = CASE WHEN x.unsent THEN d.last_error ELSE x.error END,
+                delivered_at = x.delivered_at, attempts = d.attempts - x.unsent::INT,
                 lease_owner = NULL, lease_expires_at = NULL
          FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[],
-                     $6::BIGINT[], $7::TEXT[], $8::BIGINT[])
-              AS x(state, next_at, status, error, delivered_at, id, relay, attempts)
+                     $6::BIGINT[], $7::TEXT[], $8::BIGINT[], $9::BOOLEAN[])
+              AS x(state, next_at, status, error, delivered_at, id, relay, attempts, unsent)
          WHERE d.id = x.id AND d.lease_owner = x.relay AND d.attempts = x.attempts
            AND d.state = 'pending'
          RETURNING d.id",
@@ -130,8 +154,10 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
     .bind(column(finished, |f| f.id))
     .bind(column(finished, |f| f.relay.as_str()))
     .bind(column(finished, |f| f.attempts))
+    .bind(column(&rows, |w| w.unsent))
     .fetch_all(&mut **tx)
     .await?;
+    let updated: std::collections::HashSet<i64> = updated.into_iter().collect();
     Ok(finished.iter().map(|f| updated.contains(&f.id)).collect())
 }
 

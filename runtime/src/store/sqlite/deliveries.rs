@@ -1,6 +1,6 @@
 //! `deliveries`: the relay's routing, claims and results (`store::deliveries`).
 
-use sqlx::SqlitePool;
+use sqlx::{SqliteConnection, SqlitePool};
 
 use super::*;
 use crate::store::deliveries::{self, Finished, RouteTx};
@@ -18,10 +18,32 @@ pub(super) async fn unrouted(pool: &SqlitePool, limit: usize) -> Result<Vec<Outb
 }
 
 pub(super) async fn route(store: &SqliteStore, r: &Routing) -> Result<()> {
+    bookkeeping(store, async |writer| {
+        let mut tx = begin_write(writer).await?;
+        deliveries::route(&mut RoutingTx(&mut tx), r).await?;
+        store.commit(tx).await
+    })
+    .await
+}
+
+/// Runs `body`, the relay's bookkeeping, on the writer with commits that do
+/// not wait for the disk (ADR 0024), then puts `synchronous=FULL` back. In
+/// WAL mode such a commit survives the process's death, and the next
+/// durable commit makes it durable too; only an OS crash can lose it, which
+/// sends an event again under its dedup key.
+async fn bookkeeping<T>(
+    store: &SqliteStore,
+    body: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T>,
+) -> Result<T> {
     let mut writer = store.writer.lock().await;
-    let mut tx = begin_write(&mut writer).await?;
-    deliveries::route(&mut RoutingTx(&mut tx), r).await?;
-    store.commit(tx).await
+    sqlx::query("PRAGMA synchronous = NORMAL")
+        .execute(&mut *writer)
+        .await?;
+    let done = body(&mut writer).await;
+    sqlx::query("PRAGMA synchronous = FULL")
+        .execute(&mut *writer)
+        .await?;
+    done
 }
 
 /// The statements of `store::deliveries` on the writer's transaction.
@@ -63,63 +85,105 @@ pub(super) async fn finish_then_claim(
     finished: &[DeliveryFinish],
     claim: Option<&DeliveryClaim>,
 ) -> Result<(Vec<bool>, Vec<ClaimedDelivery>)> {
-    let mut writer = store.writer.lock().await;
-    let mut tx = begin_write(&mut writer).await?;
-    let mut recorded = Vec::with_capacity(finished.len());
-    for f in finished {
-        recorded.push(finish(&mut tx, f).await?);
-    }
-    let claimed = match claim {
-        Some(c) => self::claim(&mut tx, c).await?,
-        None => Vec::new(),
-    };
-    store.commit(tx).await?;
-    Ok((recorded, claimed))
+    bookkeeping(store, async |writer| {
+        let mut tx = begin_write(writer).await?;
+        let recorded = if finished.is_empty() {
+            Vec::new()
+        } else {
+            finish(&mut tx, finished).await?
+        };
+        let claimed = match claim {
+            Some(c) => self::claim(&mut tx, c).await?,
+            None => Vec::new(),
+        };
+        store.commit(tx).await?;
+        Ok((recorded, claimed))
+    })
+    .await
 }
 
-async fn finish(tx: &mut Tx<'_>, f: &DeliveryFinish) -> Result<bool> {
-    let w = Finished::of(f);
-    let rows = sqlx::query(
-        "UPDATE deliveries SET state = ?, next_at = COALESCE(?, next_at), last_status = ?,
-                last_error = ?, delivered_at = ?, lease_owner = NULL, lease_expires_at = NULL
-         WHERE id = ? AND lease_owner = ? AND attempts = ? AND state = 'pending'",
+/// One statement for the whole round: its rows as one JSON array.
+async fn finish(tx: &mut Tx<'_>, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
+    #[derive(serde::Serialize)]
+    struct Row<'a> {
+        id: i64,
+        relay: &'a str,
+        attempts: i64,
+        #[serde(flatten)]
+        columns: Finished<'a>,
+    }
+    let rows: Vec<Row<'_>> = finished
+        .iter()
+        .map(|f| Row {
+            id: f.id,
+            relay: &f.relay,
+            attempts: f.attempts,
+            columns: Finished::of(f),
+        })
+        .collect();
+    let updated: Vec<i64> = sqlx::query_scalar(
+        "UPDATE deliveries AS d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
+                last_status = CASE WHEN x.unsent THEN d.last_status ELSE x.status END,
+                last_error = CASE WHEN x.unsent THEN d.last_error ELSE x.error END,
+                delivered_at = x.delivered_at, attempts = d.attempts - x.unsent,
+                lease_owner = NULL, lease_expires_at = NULL
+         FROM (SELECT value ->> 'id' AS id, value ->> 'relay' AS relay,
+                      value ->> 'attempts' AS attempts, value ->> 'state' AS state,
+                      value ->> 'next_at' AS next_at, value ->> 'status' AS status,
+                      value ->> 'error' AS error, value ->> 'delivered_at' AS delivered_at,
+                      value ->> 'unsent' AS unsent
+               FROM jsonb_each(?)) AS x
+         WHERE d.id = x.id AND d.lease_owner = x.relay AND d.attempts = x.attempts
+           AND d.state = 'pending'
+         RETURNING id",
     )
-    .bind(w.state.as_str())
-    .bind(w.next_at)
-    .bind(w.status)
-    .bind(w.error)
-    .bind(w.delivered_at)
-    .bind(f.id)
-    .bind(&f.relay)
-    .bind(f.attempts)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
-    Ok(rows == 1)
+    .bind(to_json(&rows))
+    .fetch_all(&mut **tx)
+    .await?;
+    let updated: std::collections::HashSet<i64> = updated.into_iter().collect();
+    Ok(finished.iter().map(|f| updated.contains(&f.id)).collect())
 }
 
 async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
+    // A run's span ends at its `per_run`-th pending delivery (the bound
+    // keeps the window below from reading a long backlog whole), and before
+    // the first one leased or waiting for a retry.
     let ids: Vec<i64> = sqlx::query_scalar(
         "UPDATE deliveries SET lease_owner = ?1, lease_expires_at = ?2 + ?3,
                 attempts = attempts + 1
          WHERE id IN (
-             SELECT d.id FROM deliveries d
-             WHERE d.state = 'pending' AND d.next_at <= ?2
-               AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= ?2)
-               AND d.sink IN (SELECT value FROM jsonb_each(?4))
-               AND NOT EXISTS (
-                   SELECT 1 FROM deliveries e
-                   WHERE e.state = 'pending' AND e.run_id = d.run_id AND e.sink = d.sink
-                     AND e.outbox_id < d.outbox_id)
-             ORDER BY d.next_at, d.outbox_id
-             LIMIT ?5)
+             WITH heads AS (
+                 SELECT d.run_id, d.sink, d.outbox_id FROM deliveries d
+                 WHERE d.state = 'pending' AND d.next_at <= ?2
+                   AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= ?2)
+                   AND d.sink IN (SELECT value FROM jsonb_each(?4))
+                   AND NOT EXISTS (
+                       SELECT 1 FROM deliveries e
+                       WHERE e.state = 'pending' AND e.run_id = d.run_id AND e.sink = d.sink
+                         AND e.outbox_id < d.outbox_id)
+                 ORDER BY d.next_at, d.outbox_id
+                 LIMIT ?5),
+             spans AS (
+                 SELECT e.id, count(*) FILTER (WHERE e.next_at > ?2 OR e.lease_expires_at > ?2)
+                                  OVER (PARTITION BY e.run_id, e.sink ORDER BY e.outbox_id) AS held
+                 FROM heads h JOIN deliveries e
+                   ON e.state = 'pending' AND e.run_id = h.run_id AND e.sink = h.sink
+                  AND e.outbox_id >= h.outbox_id
+                  AND e.outbox_id <= COALESCE(
+                      (SELECT x.outbox_id FROM deliveries x
+                       WHERE x.state = 'pending' AND x.run_id = h.run_id AND x.sink = h.sink
+                         AND x.outbox_id >= h.outbox_id
+                       ORDER BY x.outbox_id LIMIT 1 OFFSET ?6 - 1),
+                      9223372036854775807))
+             SELECT id FROM spans WHERE held = 0)
          RETURNING id",
     )
     .bind(&c.relay)
     .bind(c.now)
     .bind(c.lease_ms)
     .bind(to_json(&c.sinks))
-    .bind(c.limit as i64)
+    .bind(c.runs as i64)
+    .bind(c.per_run as i64)
     .fetch_all(&mut **tx)
     .await?;
     let sql = format!(

@@ -56,16 +56,20 @@ pub struct NewDelivery {
     pub run_id: String,
 }
 
-/// Claims deliveries for `relay`: due, not leased, to one of `sinks`, and
-/// the earliest pending one of their run to their sink (a later event of a
-/// run waits for an earlier one to the same sink).
+/// Claims deliveries for `relay`, a run and sink at a time: up to `runs`
+/// runs whose earliest pending delivery to one of `sinks` is due and not
+/// leased (a later event of a run waits for an earlier one to the same
+/// sink), and with it up to `per_run - 1` of the run's next pending
+/// deliveries to that sink, in commit order, up to the first one leased or
+/// waiting for a retry.
 #[derive(Debug, Clone)]
 pub struct DeliveryClaim {
     pub relay: String,
     pub sinks: Vec<String>,
     pub now: i64,
     pub lease_ms: i64,
-    pub limit: usize,
+    pub runs: usize,
+    pub per_run: usize,
 }
 
 /// A delivery claimed for sending, with its event.
@@ -97,6 +101,10 @@ pub enum DeliveryResult {
         status: Option<i64>,
         error: String,
     },
+    /// Not sent: an earlier event of its run claimed with it is being
+    /// retried, or its lease would lapse during the send. Its lease is
+    /// released and its attempt given back.
+    Unsent,
 }
 
 /// The outcome of a claimed delivery's attempt, fenced on its lease.

@@ -246,6 +246,37 @@ pub enum Command {
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
         peer_runs: Option<u64>,
     },
+    /// Stop a running run: nothing new starts in it, and an attempt in
+    /// flight is fenced out (its result is discarded when it ends).
+    Cancel {
+        run: String,
+        /// Why, recorded in the run's history.
+        #[arg(long)]
+        reason: Option<String>,
+        /// Who cancels, recorded in the run's history [default: the OS user].
+        #[arg(long)]
+        by: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resume a failed or cancelled run from the stages that did not
+    /// succeed; succeeded stages keep their artifacts and do not run again.
+    Retry {
+        run: String,
+        /// The stage to retry from (one that did not succeed); with
+        /// `--fresh`, only its journal is discarded.
+        #[arg(long)]
+        stage: Option<String>,
+        /// Discard the journaled model answers of the retried stages, so
+        /// they ask the model again (by default they replay).
+        #[arg(long)]
+        fresh: bool,
+        /// Who retries, recorded in the run's history [default: the OS user].
+        #[arg(long)]
+        by: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Pin a stage of a running run that has not started yet to another
     /// registered version of its plugin.
     Upgrade {

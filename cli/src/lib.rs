@@ -26,6 +26,7 @@ use exit::{exit_code, one_line};
 use signal::shutdown_signal;
 
 use ratchet_runtime::manifest::Pipeline;
+use ratchet_runtime::operator;
 use ratchet_runtime::registry;
 use ratchet_runtime::relay::RelayConfig;
 use ratchet_runtime::store::PluginPutOutcome;
@@ -304,6 +305,57 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 registry::stage_upgrade(env.store.as_ref(), &run, &stage, &to, env.clock.as_ref())
                     .await?;
             println!("stage `{stage}` of run {run} now runs version {to} ({digest})");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cancel {
+            run,
+            reason,
+            by,
+            json,
+        } => {
+            let by = by.unwrap_or_else(operator::os_user);
+            let (in_flight, waiting) =
+                operator::run_cancel(env.store.as_ref(), &run, reason, by, env.clock.as_ref())
+                    .await?;
+            if json {
+                let doc = serde_json::json!({
+                    "run": run, "state": "cancelled", "in_flight": in_flight, "waiting": waiting,
+                });
+                println!("{doc}");
+            } else {
+                println!(
+                    "run {run} cancelled: {in_flight} attempt(s) in flight fenced out, {waiting} stage(s) will not start"
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Retry {
+            run,
+            stage,
+            fresh,
+            by,
+            json,
+        } => {
+            let by = by.unwrap_or_else(operator::os_user);
+            let retried = operator::run_retry(
+                env.store.as_ref(),
+                &run,
+                stage,
+                fresh,
+                by,
+                env.clock.as_ref(),
+            )
+            .await?;
+            if json {
+                println!("{}", serde_json::json!({ "run": run, "retried": retried }));
+            } else {
+                println!(
+                    "run {run} is running again (generation {}): {} resumed; {} journaled model answer(s) discarded",
+                    retried.generation,
+                    retried.stages.join(", "),
+                    retried.journal_discarded
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench { .. } => Err(anyhow::anyhow!(

@@ -225,7 +225,8 @@ impl RunAudit<'_> {
                     ),
                 );
             }
-            // A failed run starts nothing new, unless an operator retried it.
+            // A failed or cancelled run starts nothing new, unless an
+            // operator retried it.
             if let Some(failed_seq) = failed_seq.filter(|&f| a.claim_seq > f) {
                 self.push(
                     CONTINUATION,
@@ -361,7 +362,8 @@ impl RunAudit<'_> {
             return;
         };
         match (self.unfinished.take(), state) {
-            (None, RunState::Succeeded) | (Some(_), RunState::Running | RunState::Failed) => {}
+            (None, RunState::Succeeded)
+            | (Some(_), RunState::Running | RunState::Failed | RunState::Cancelled) => {}
             (None, state) => self.push(
                 CONTINUATION,
                 "-",
@@ -387,6 +389,7 @@ impl RunAudit<'_> {
         let expected = match state {
             RunState::Succeeded => Some("run.succeeded"),
             RunState::Failed => Some("run.failed"),
+            RunState::Cancelled => Some("run.cancelled"),
             RunState::Running => None,
         };
         let last = self.lifecycle.last().map(String::as_str);

@@ -9,6 +9,7 @@ pub mod digest;
 pub mod graph;
 pub mod llm;
 pub mod manifest;
+pub mod operator;
 pub mod plugin;
 pub mod registry;
 pub mod relay;

@@ -310,3 +310,60 @@ async fn audit_checks_one_run_when_asked() {
         "does not exist",
     );
 }
+
+/// An operator cancels a run and retries it from the command line; every
+/// refusal is one line with exit code 2 and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_retry_from_the_command_line() {
+    let h = Harness::new().await;
+    let url = h.url.as_str();
+    h.register(&["noop"]).await;
+    let run = h
+        .submit(&ratchet_tests::one_stage_pipeline("a", "noop", ""), b"")
+        .await;
+
+    assert_bad_input(&cli(url, &["retry", &run]).await, "cancel it first");
+    assert_bad_input(&cli(url, &["cancel", "nope"]).await, "no run `nope`");
+    let cancelled = cli(
+        url,
+        &[
+            "cancel",
+            &run,
+            "--reason",
+            "wrong input",
+            "--by",
+            "alice",
+            "--json",
+        ],
+    )
+    .await;
+    assert!(cancelled.status.success(), "{cancelled:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&cancelled.stdout).expect("json");
+    assert_eq!(
+        (&doc["state"], &doc["in_flight"], &doc["waiting"]),
+        (&"cancelled".into(), &0.into(), &1.into())
+    );
+    assert_bad_input(&cli(url, &["cancel", &run]).await, "already cancelled");
+    assert_bad_input(
+        &cli(url, &["retry", &run, "--stage", "nope"]).await,
+        "has no stage `nope`",
+    );
+    assert_eq!(
+        h.run_state(&run).await,
+        "cancelled",
+        "refusals changed nothing"
+    );
+
+    let retried = cli(url, &["retry", &run, "--by", "bob"]).await;
+    assert!(retried.status.success(), "{retried:?}");
+    assert!(stdout(&retried).contains("generation 2"), "{retried:?}");
+    let worked = cli(url, &["worker", "--until-idle"]).await;
+    assert!(worked.status.success(), "{worked:?}");
+    let shown = stdout(&cli(url, &["status", &run]).await);
+    assert!(shown.contains(": succeeded"), "{shown}");
+    assert!(
+        shown.contains("history: cancelled by alice: wrong input")
+            && shown.contains("history: retried by bob as generation 2: a resumed"),
+        "{shown}"
+    );
+}

@@ -24,8 +24,6 @@ use ratchet_runtime::store::{
     Queue, RunSubmit, SqliteStore,
 };
 use ratchet_tests::{BOUND, Harness, claim, completion, stages};
-use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection};
 
 /// Committing many pages leaves copying them into the database file to the
 /// checkpointer; the commit that crossed SQLite's threshold used to do it,
@@ -285,19 +283,5 @@ async fn runs_across_migration_14_have_their_lifecycle_events() {
 
 /// A database at `path` migrated up to `version`, holding `rows` (SQL).
 async fn old_database(path: &std::path::Path, version: i64, rows: &str) {
-    let mut old = SqliteConnectOptions::new()
-        .filename(path)
-        .create_if_missing(true)
-        .connect()
-        .await
-        .expect("create");
-    sqlx::migrate!("../migrations/sqlite")
-        .run_to(version, &mut old)
-        .await
-        .expect("the schema of an older version");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(rows.to_string()))
-        .execute(&mut old)
-        .await
-        .expect("its rows");
-    old.close().await.expect("close");
+    ratchet_tests::sqlite_at_version(path, version, sqlx::AssertSqlSafe(rows.to_string())).await;
 }

@@ -5,6 +5,7 @@
 mod audit_run;
 mod canonical;
 mod complete;
+mod control;
 mod deliveries;
 mod fail;
 mod postgres;
@@ -100,7 +101,7 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// Implements every role of [`Store`] for a backend: each method forwards
 /// to the function of the same concern in the backend's own modules
-/// (`plugins`, `runs`, `jobs`, `complete`, `fail`, `artifacts`, `audit`,
+/// (`plugins`, `runs`, `control`, `jobs`, `complete`, `fail`, `artifacts`, `audit`,
 /// `deliveries`, `bench`),
 /// which own the SQL; extra [`Queue`] items (like `listen_ready`) are added
 /// as given.
@@ -141,6 +142,12 @@ macro_rules! impl_store {
             }
             async fn job_repin(&self, r: JobRepin) -> Result<RepinOutcome> {
                 runs::repin(self, r).await
+            }
+            async fn run_cancel(&self, c: RunCancel) -> Result<CancelOutcome> {
+                control::cancel(self, c).await
+            }
+            async fn run_retry(&self, r: RunRetry) -> Result<RetryOutcome> {
+                control::retry(self, r).await
             }
         }
 

@@ -54,7 +54,8 @@ pub trait Catalog: Send + Sync {
     async fn plugin_manifests(&self, digests: &[String]) -> Result<Vec<(String, String)>>;
 }
 
-/// What enters a run from outside a stage: the run itself, and repins.
+/// What enters a run from outside a stage: the run itself, repins, and an
+/// operator's cancel or retry.
 #[async_trait]
 pub trait Intake: Send + Sync {
     /// Creates the run, every job, edge and input binding in one transaction;
@@ -63,6 +64,18 @@ pub trait Intake: Send + Sync {
     /// Pins a waiting (`blocked` or `ready`) job of a running run to another
     /// plugin digest and records it in the run's history, in one transaction.
     async fn job_repin(&self, r: JobRepin) -> Result<RepinOutcome>;
+    /// Cancels a running run in one transaction: its running attempts
+    /// ended `cancelled` (fenced out: their completions write nothing), its
+    /// unfinished jobs `cancelled`, the run `cancelled` with its
+    /// `run.cancelled` event, the cancel in its history. A run that
+    /// finished is left alone.
+    async fn run_cancel(&self, c: RunCancel) -> Result<CancelOutcome>;
+    /// Resumes a failed or cancelled run in one transaction: each dead or
+    /// cancelled job gets a new budget of attempts (its limit raised past
+    /// the attempts it made) and waits for its unsatisfied edges again;
+    /// succeeded jobs and their artifacts stay as they are; the run is
+    /// `running` in its next generation; the retry is in its history.
+    async fn run_retry(&self, r: RunRetry) -> Result<RetryOutcome>;
 }
 
 /// The job queue the scheduler drives and the worker keeps in repair.

@@ -39,7 +39,7 @@ macro_rules! impl_row_ext {
 }
 pub(crate) use impl_row_ext;
 
-fn corrupt(table: &'static str, detail: impl ToString) -> StoreError {
+pub(crate) fn corrupt(table: &'static str, detail: impl ToString) -> StoreError {
     StoreError::Corrupt {
         table,
         detail: detail.to_string(),

@@ -6,6 +6,7 @@ mod artifacts;
 mod audit;
 mod bench;
 mod complete;
+mod control;
 mod deliveries;
 mod fail;
 mod jobs;

@@ -66,30 +66,11 @@ impl FailTx for Failing<'_, '_> {
     }
 
     async fn run_attempts_fail_in_flight(&mut self, run_id: &str, now: i64) -> Result<()> {
-        sqlx::query(
-            "UPDATE attempts SET outcome = 'failed', finished_at = ?1, error = ?2
-             WHERE outcome = 'running'
-               AND job_id IN (SELECT id FROM jobs WHERE run_id = ?3 AND state = 'running')",
-        )
-        .bind(now)
-        .bind(RUN_FAILED_IN_FLIGHT)
-        .bind(run_id)
-        .execute(&mut **self.0)
-        .await?;
-        Ok(())
+        attempts_in_flight_end(self.0, run_id, "failed", RUN_FAILED_IN_FLIGHT, now).await
     }
 
     async fn run_jobs_cancel(&mut self, run_id: &str, now: i64) -> Result<()> {
-        sqlx::query(
-            "UPDATE jobs SET state = 'cancelled', lease_owner = NULL, lease_expires_at = NULL,
-                    last_error = 'run failed', updated_at = ?
-             WHERE run_id = ? AND state IN ('blocked', 'ready', 'running')",
-        )
-        .bind(now)
-        .bind(run_id)
-        .execute(&mut **self.0)
-        .await?;
-        Ok(())
+        unfinished_jobs_cancel(self.0, run_id, "run failed", now).await
     }
 
     async fn run_fail(&mut self, run_id: &str, now: i64) -> Result<()> {
@@ -153,4 +134,48 @@ impl FailTx for Failing<'_, '_> {
         .await?;
         Ok(())
     }
+}
+
+/// Ends the running attempts of the run's running jobs with `outcome` and
+/// `error` (a run that failed or was cancelled while they ran).
+pub(super) async fn attempts_in_flight_end(
+    tx: &mut Tx<'_>,
+    run_id: &str,
+    outcome: &str,
+    error: &str,
+    now: i64,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE attempts SET outcome = ?1, finished_at = ?2, error = ?3
+         WHERE outcome = 'running'
+           AND job_id IN (SELECT id FROM jobs WHERE run_id = ?4 AND state = 'running')",
+    )
+    .bind(outcome)
+    .bind(now)
+    .bind(error)
+    .bind(run_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Cancels the run's blocked, ready and running jobs, leases released.
+pub(super) async fn unfinished_jobs_cancel(
+    tx: &mut Tx<'_>,
+    run_id: &str,
+    why: &str,
+    now: i64,
+) -> Result<()> {
+    sqlx::query(concat!(
+        "UPDATE jobs SET state = 'cancelled', lease_owner = NULL, lease_expires_at = NULL,
+                last_error = ?, updated_at = ?
+         WHERE run_id = ? AND ",
+        live!()
+    ))
+    .bind(why)
+    .bind(now)
+    .bind(run_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }

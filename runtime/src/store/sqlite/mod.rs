@@ -7,6 +7,7 @@ mod audit;
 mod bench;
 mod checkpoint;
 mod complete;
+mod control;
 mod deliveries;
 mod fail;
 mod jobs;

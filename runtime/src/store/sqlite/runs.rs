@@ -262,9 +262,10 @@ impl RepinTx for Repinning<'_, '_> {
 }
 
 /// The lifecycle event of each run of `runs` (a JSON list of ids) that has
-/// finished, `run.succeeded` or `run.failed`, written in the transaction
-/// that finished it; writing it twice writes it once. PostgreSQL's
-/// `ratchet_lifecycle_events` (migration 0014) says what it holds.
+/// finished, `run.succeeded`, `run.failed` or `run.cancelled`, written in
+/// the transaction that finished it; writing it twice writes it once.
+/// PostgreSQL's `ratchet_lifecycle_events` (migrations 0014, 0016) says
+/// what it holds.
 pub(super) async fn lifecycle_events(
     conn: &mut sqlx::SqliteConnection,
     runs: &str,
@@ -281,7 +282,8 @@ pub(super) async fn lifecycle_events(
                                 AND j.state = 'dead' ORDER BY j.id LIMIT 1))),
                 ?2
          FROM runs r
-         WHERE r.id IN (SELECT value FROM json_each(?1)) AND r.state IN ('succeeded', 'failed')
+         WHERE r.id IN (SELECT value FROM json_each(?1))
+           AND r.state IN ('succeeded', 'failed', 'cancelled')
          ORDER BY r.id
          ON CONFLICT (dedup_key) DO NOTHING",
     )

@@ -5,6 +5,7 @@
 
 mod artifacts;
 mod audit;
+mod control;
 mod deliveries;
 mod plugins;
 
@@ -17,6 +18,7 @@ pub use crate::graph::{
 };
 pub use artifacts::*;
 pub use audit::*;
+pub use control::*;
 pub use deliveries::*;
 pub use plugins::*;
 
@@ -78,13 +80,15 @@ impl JobState {
     }
 }
 
-/// Run states: a run is `running` until every stage succeeded or one died.
+/// Run states: a run is `running` until every stage succeeded, one died,
+/// or an operator cancelled it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunState {
     Running,
     Succeeded,
     Failed,
+    Cancelled,
 }
 
 impl RunState {
@@ -93,6 +97,7 @@ impl RunState {
             RunState::Running => "running",
             RunState::Succeeded => "succeeded",
             RunState::Failed => "failed",
+            RunState::Cancelled => "cancelled",
         }
     }
 
@@ -101,6 +106,7 @@ impl RunState {
             "running" => RunState::Running,
             "succeeded" => RunState::Succeeded,
             "failed" => RunState::Failed,
+            "cancelled" => RunState::Cancelled,
             _ => return None,
         })
     }

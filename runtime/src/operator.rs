@@ -1,0 +1,105 @@
+//! What an operator does to a run, with the refusals told in one line each:
+//! cancel it, retry it from the stages that did not succeed
+//! (docs/job-states.md).
+
+use crate::clock::Clock;
+use crate::registry::RegistryError;
+use crate::store::{CancelOutcome, Intake, RetryOutcome, RunCancel, RunRetry, RunState};
+
+/// Who runs the command, as the OS tells: the default of `--by`.
+pub fn os_user() -> String {
+    ["USER", "LOGNAME", "USERNAME"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+/// Cancels a running run; returns how many attempts were fenced out and how
+/// many stages will never start.
+pub async fn run_cancel(
+    store: &(impl Intake + ?Sized),
+    run_id: &str,
+    reason: Option<String>,
+    by: String,
+    clock: &dyn Clock,
+) -> Result<(u64, u64), RegistryError> {
+    let outcome = store
+        .run_cancel(RunCancel {
+            run_id: run_id.to_string(),
+            reason,
+            by,
+            now: clock.now_ms(),
+        })
+        .await?;
+    match outcome {
+        CancelOutcome::Cancelled { in_flight, waiting } => Ok((in_flight, waiting)),
+        CancelOutcome::NotFound => Err(no_run(run_id)),
+        CancelOutcome::Finished { state } => Err(RegistryError::Refused(format!(
+            "run `{run_id}` has already {state}; only a running run can be cancelled"
+        ))),
+    }
+}
+
+/// What a retry resumed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Retried {
+    pub generation: i64,
+    pub stages: Vec<String>,
+    pub journal_discarded: u64,
+}
+
+/// Retries a failed or cancelled run from the stages that did not succeed;
+/// `stage` names the one to retry from (and narrows `fresh` to it).
+pub async fn run_retry(
+    store: &(impl Intake + ?Sized),
+    run_id: &str,
+    stage: Option<String>,
+    fresh: bool,
+    by: String,
+    clock: &dyn Clock,
+) -> Result<Retried, RegistryError> {
+    let named = stage.clone().unwrap_or_default();
+    let outcome = store
+        .run_retry(RunRetry {
+            run_id: run_id.to_string(),
+            stage,
+            fresh,
+            by,
+            now: clock.now_ms(),
+        })
+        .await?;
+    let refused = |m: String| Err(RegistryError::Refused(m));
+    match outcome {
+        RetryOutcome::Retried {
+            generation,
+            stages,
+            journal_discarded,
+        } => Ok(Retried {
+            generation,
+            stages,
+            journal_discarded,
+        }),
+        RetryOutcome::NotFound => Err(no_run(run_id)),
+        RetryOutcome::NotRetryable {
+            state: RunState::Running,
+        } => refused(format!(
+            "run `{run_id}` is still running; cancel it first (`ratchet cancel {run_id}`) to retry it"
+        )),
+        RetryOutcome::NotRetryable { state } => refused(format!(
+            "run `{run_id}` {state}; only a failed or cancelled run can be retried"
+        )),
+        RetryOutcome::NoSuchStage => refused(format!(
+            "run `{run_id}` has no stage `{named}` (`ratchet status {run_id}` lists them)"
+        )),
+        RetryOutcome::StageNotRetryable { state } => refused(format!(
+            "stage `{named}` of run `{run_id}` is {}: its artifacts are kept and it does not run again; name a stage that did not succeed",
+            state.as_str()
+        )),
+    }
+}
+
+fn no_run(run_id: &str) -> RegistryError {
+    RegistryError::Refused(format!(
+        "no run `{run_id}` in this database (`ratchet status` lists the runs)"
+    ))
+}

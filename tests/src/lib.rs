@@ -473,6 +473,17 @@ pub fn one_stage_pipeline(stage: &str, plugin: &str, header: &str) -> String {
     )
 }
 
+/// Serves `app` on a free port of 127.0.0.1 until the test ends; returns
+/// its address.
+pub async fn serve_http(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
 /// A `ratchet` child process on this harness's database.
 pub fn ratchet(bin: &str, url: &str) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(bin);

@@ -127,10 +127,27 @@ async fn register_run_work_inspect_and_audit_from_the_command_line() {
         "{shown}"
     );
 
-    let audit = cli(url, &["audit", "--json"]).await;
+    let audit = cli(url, &["--sinks", &sinks, "audit", "--json"]).await;
     assert!(audit.status.success(), "{audit:?}");
     let report: serde_json::Value = serde_json::from_slice(&audit.stdout).expect("audit json");
     assert_eq!(report["violations"].as_array().map(Vec::len), Some(0));
+    // The same sink, told since to take only the runs' own events: the
+    // audit of every run names the delivery it would no longer make (seen
+    // failing with the walk over every run's deliveries skipped).
+    let narrowed = tempfile::NamedTempFile::new().expect("sinks file");
+    let file = std::fs::read_to_string(&sinks).expect("sinks");
+    std::fs::write(narrowed.path(), file.replace("draft.*", "run.*")).expect("write sinks");
+    let narrowed = narrowed.path().display().to_string();
+    let audit = cli(url, &["--sinks", &narrowed, "audit", "--json"]).await;
+    assert_eq!(audit.status.code(), Some(1), "{audit:?}");
+    let report: serde_json::Value = serde_json::from_slice(&audit.stdout).expect("audit json");
+    let detail = report["violations"][0]["detail"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        detail.contains("sends `draft.published` to sink `nobody`, which does not take it"),
+        "{report}"
+    );
     h.assert_demo_run_converged(&run).await;
 }
 

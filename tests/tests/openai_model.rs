@@ -71,11 +71,7 @@ async fn server(replies: &[Reply]) -> (String, Arc<Script>) {
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .with_state(script.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = ratchet_tests::serve_http(app).await;
     (format!("http://{addr}/v1"), script)
 }
 

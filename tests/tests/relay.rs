@@ -137,11 +137,7 @@ async fn serve(receiver: Arc<Receiver>) -> String {
         .route("/refuse", axum::routing::post(refuse))
         .route("/slow", axum::routing::post(slow))
         .with_state(receiver);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = ratchet_tests::serve_http(app).await;
     format!("http://{addr}")
 }
 

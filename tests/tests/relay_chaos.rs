@@ -129,11 +129,7 @@ async fn chaos(backend: Backend, relays: usize, kills: usize) {
     let app = axum::Router::new()
         .route("/hooks", axum::routing::post(hook))
         .with_state(receiver.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = ratchet_tests::serve_http(app).await;
 
     // Every message published on the stream's subjects, duplicates the
     // stream drops included: a core subscriber sees them all.

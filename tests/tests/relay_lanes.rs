@@ -78,11 +78,7 @@ async fn lease_bounds_a_round(backend: Backend) {
     let app = axum::Router::new()
         .route("/hooks", axum::routing::post(hooks))
         .with_state(receiver.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let addr = ratchet_tests::serve_http(app).await;
 
     let h = &receiver.h;
     let sinks = Sinks::parse(

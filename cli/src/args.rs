@@ -133,6 +133,9 @@ pub enum Command {
         /// Submitting twice with one key creates one run.
         #[arg(long)]
         idempotency_key: Option<String>,
+        /// Print `{"run_id": …, "created": …}` instead of the bare id.
+        #[arg(long)]
+        json: bool,
     },
     /// Claim and run stages until stopped (SIGTERM / Ctrl-C) or idle.
     Worker {
@@ -194,6 +197,10 @@ pub enum Command {
         /// Write the artifact's exact bytes to stdout.
         #[arg(long, requires = "artifact")]
         raw: bool,
+        /// The list, or the artifact's metadata and its text (null when
+        /// the bytes are not UTF-8: use --raw), as JSON.
+        #[arg(long, conflicts_with = "raw")]
+        json: bool,
     },
     /// Check the three invariants over the whole database, one run at a
     /// time (progress on stderr when it is a terminal), or over one run.
@@ -286,24 +293,37 @@ pub enum Command {
         /// The exact version, e.g. 1.2.0.
         #[arg(long)]
         to: semver::Version,
+        #[arg(long)]
+        json: bool,
     },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum PluginCommand {
     /// Validate and register a component.
-    Add { file: PathBuf },
+    Add {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
     /// List registered plugins.
-    List,
+    List {
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a plugin's versions: manifest, digest, size, runs using it.
     Show {
         /// NAME or NAME@VERSION
         plugin: String,
+        #[arg(long)]
+        json: bool,
     },
     /// Stop new runs from resolving NAME@VERSION; pinned runs keep it.
     Yank {
         /// NAME@VERSION
         plugin: String,
+        #[arg(long)]
+        json: bool,
     },
 }
 

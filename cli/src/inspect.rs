@@ -11,8 +11,17 @@ use ratchet_runtime::relay::Sinks;
 use ratchet_runtime::store::{DeliveryFilter, JobRow, PluginSummary};
 use ratchet_runtime::text::escape_controls;
 
-pub async fn plugin_list(env: &Env) -> Result<ExitCode> {
+/// `value` on stdout as pretty JSON, the command's whole output.
+pub fn print_json(value: &serde_json::Value) -> Result<ExitCode> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn plugin_list(env: &Env, json: bool) -> Result<ExitCode> {
     let plugins = env.store.plugin_list().await?;
+    if json {
+        return print_json(&serde_json::to_value(&plugins)?);
+    }
     if plugins.is_empty() {
         println!(
             "no plugins registered (add one with `ratchet plugin add FILE.wasm`, or run `ratchet demo`)"
@@ -31,12 +40,18 @@ pub async fn plugin_list(env: &Env) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn plugin_show(env: &Env, spec: &str) -> Result<ExitCode> {
+pub async fn plugin_show(env: &Env, spec: &str, json: bool) -> Result<ExitCode> {
     let (name, version) = ratchet_runtime::registry::parse_plugin_spec(spec)?;
-    for p in ratchet_runtime::registry::plugin_versions(env.store.as_ref(), &name, version.as_ref())
-        .await?
-    {
+    let versions =
+        ratchet_runtime::registry::plugin_versions(env.store.as_ref(), &name, version.as_ref())
+            .await?;
+    let mut shown = Vec::new();
+    for p in versions {
         let runs = env.store.plugin_usage(&p.digest).await?;
+        if json {
+            shown.push(serde_json::json!({ "plugin": p, "runs_using_it": runs }));
+            continue;
+        }
         println!(
             "{}@{}{}",
             p.name,
@@ -51,6 +66,9 @@ pub async fn plugin_show(env: &Env, spec: &str) -> Result<ExitCode> {
         for line in p.manifest.lines() {
             println!("    {line}");
         }
+    }
+    if json {
+        return print_json(&shown.into());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -175,6 +193,7 @@ pub async fn artifacts(
     run_id: &str,
     which: Option<&str>,
     raw: bool,
+    json: bool,
 ) -> Result<ExitCode> {
     if env.store.run_get(run_id).await?.is_none() {
         return Err(BadInput(format!(
@@ -183,8 +202,12 @@ pub async fn artifacts(
         .into());
     }
     let Some(which) = which else {
+        let list = env.store.artifact_list(run_id).await?;
+        if json {
+            return print_json(&serde_json::to_value(&list)?);
+        }
         let plugins = plugin_names(env).await?;
-        for a in env.store.artifact_list(run_id).await? {
+        for a in list {
             let by = match a.plugin_digest.as_deref() {
                 Some(d) => plugins
                     .get(d)
@@ -211,6 +234,10 @@ pub async fn artifacts(
         ))
         .into());
     };
+    if json {
+        let text = std::str::from_utf8(&artifact.bytes).ok();
+        return print_json(&serde_json::json!({ "artifact": artifact.meta, "text": text }));
+    }
     if raw {
         std::io::stdout().write_all(&artifact.bytes)?;
     } else {

@@ -29,7 +29,7 @@ use ratchet_runtime::manifest::Pipeline;
 use ratchet_runtime::operator;
 use ratchet_runtime::registry;
 use ratchet_runtime::relay::RelayConfig;
-use ratchet_runtime::store::PluginPutOutcome;
+use ratchet_runtime::store::{PluginPutOutcome, RunSubmitOutcome};
 use ratchet_runtime::worker::{self, WorkerOptions};
 
 pub fn main() -> ExitCode {
@@ -129,7 +129,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         )
         .into());
     }
-    if let Command::Plugin(PluginCommand::Add { file }) = &cli.command {
+    if let Command::Plugin(PluginCommand::Add { file, .. }) = &cli.command {
         // Read the file before opening (and perhaps creating) the database.
         if !file.is_file() {
             return Err(BadInput(format!("cannot read `{}`: no such file", file.display())).into());
@@ -138,28 +138,34 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
     let env = Env::open(&cli).await?;
     match cli.command {
         Command::Demo { runs } => demo::run(&env, runs).await,
-        Command::Plugin(PluginCommand::Add { file }) => {
+        Command::Plugin(PluginCommand::Add { file, json }) => {
             let bytes = std::fs::read(&file)
                 .map_err(|e| BadInput(format!("cannot read `{}`: {e}", file.display())))?;
             let registered =
                 registry::plugin_register(env.store.as_ref(), &env.host, bytes, env.clock.as_ref())
                     .await
                     .with_context(|| format!("`{}` was not registered", file.display()))?;
-            let verb = match registered.outcome {
-                PluginPutOutcome::Inserted => "registered",
-                PluginPutOutcome::AlreadyPresent => "already registered",
+            let (name, version) = (&registered.manifest.name, &registered.manifest.version);
+            let inserted = registered.outcome == PluginPutOutcome::Inserted;
+            if json {
+                return inspect::print_json(&serde_json::json!({
+                    "name": name, "version": version, "digest": registered.digest,
+                    "registered": inserted,
+                }));
+            }
+            let verb = if inserted {
+                "registered"
+            } else {
+                "already registered"
             };
-            println!(
-                "{verb} {}@{} ({})",
-                registered.manifest.name, registered.manifest.version, registered.digest
-            );
+            println!("{verb} {name}@{version} ({})", registered.digest);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Plugin(PluginCommand::List) => inspect::plugin_list(&env).await,
-        Command::Plugin(PluginCommand::Show { plugin }) => {
-            inspect::plugin_show(&env, &plugin).await
+        Command::Plugin(PluginCommand::List { json }) => inspect::plugin_list(&env, json).await,
+        Command::Plugin(PluginCommand::Show { plugin, json }) => {
+            inspect::plugin_show(&env, &plugin, json).await
         }
-        Command::Plugin(PluginCommand::Yank { plugin }) => {
+        Command::Plugin(PluginCommand::Yank { plugin, json }) => {
             let (name, version) = registry::parse_plugin_spec(&plugin)?;
             let Some(version) = version else {
                 return Err(BadInput(format!(
@@ -169,6 +175,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             };
             registry::plugin_versions(env.store.as_ref(), &name, Some(&version)).await?;
             env.store.plugin_yank(&name, &version.to_string()).await?;
+            if json {
+                let doc = serde_json::json!({ "name": name, "version": version.to_string(), "yanked": true });
+                return inspect::print_json(&doc);
+            }
             println!(
                 "yanked {name}@{version}: new runs no longer resolve it; runs pinned to it keep it"
             );
@@ -178,6 +188,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             pipeline,
             input,
             idempotency_key,
+            json,
         } => {
             let text = std::fs::read_to_string(&pipeline)
                 .map_err(|e| BadInput(format!("cannot read `{}`: {e}", pipeline.display())))?;
@@ -196,6 +207,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 env.clock.as_ref(),
             )
             .await?;
+            if json {
+                let created = matches!(outcome, RunSubmitOutcome::Created(_));
+                return inspect::print_json(
+                    &serde_json::json!({ "run_id": outcome.run_id(), "created": created }),
+                );
+            }
             println!("{}", outcome.run_id());
             Ok(ExitCode::SUCCESS)
         }
@@ -293,17 +310,31 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             relay::list(&env, run, state, json).await
         }
         Command::Status { run, json } => inspect::status(&env, run.as_deref(), json).await,
-        Command::Artifacts { run, artifact, raw } => {
-            inspect::artifacts(&env, &run, artifact.as_deref(), raw).await
-        }
+        Command::Artifacts {
+            run,
+            artifact,
+            raw,
+            json,
+        } => inspect::artifacts(&env, &run, artifact.as_deref(), raw, json).await,
         Command::Audit { run, json } => {
             let sinks = cli.sinks.as_deref().map(relay::load_sinks).transpose()?;
             inspect::audit(&env, run.as_deref(), sinks.as_ref(), json).await
         }
-        Command::Upgrade { run, stage, to } => {
+        Command::Upgrade {
+            run,
+            stage,
+            to,
+            json,
+        } => {
             let digest =
                 registry::stage_upgrade(env.store.as_ref(), &run, &stage, &to, env.clock.as_ref())
                     .await?;
+            if json {
+                let doc = serde_json::json!({
+                    "run": run, "stage": stage, "version": to.to_string(), "digest": digest,
+                });
+                return inspect::print_json(&doc);
+            }
             println!("stage `{stage}` of run {run} now runs version {to} ({digest})");
             Ok(ExitCode::SUCCESS)
         }
@@ -321,7 +352,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 let doc = serde_json::json!({
                     "run": run, "state": "cancelled", "in_flight": in_flight, "waiting": waiting,
                 });
-                println!("{doc}");
+                return inspect::print_json(&doc);
             } else {
                 println!(
                     "run {run} cancelled: {in_flight} attempt(s) in flight fenced out, {waiting} stage(s) will not start"
@@ -347,7 +378,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             )
             .await?;
             if json {
-                println!("{}", serde_json::json!({ "run": run, "retried": retried }));
+                return inspect::print_json(&serde_json::json!({ "run": run, "retried": retried }));
             } else {
                 println!(
                     "run {run} is running again (generation {}): {} resumed; {} journaled model answer(s) discarded",

@@ -384,3 +384,53 @@ async fn cancel_and_retry_from_the_command_line() {
         "{shown}"
     );
 }
+
+/// What a program reads: each command that reports something prints one
+/// JSON document with `--json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_answer_programs_in_json() {
+    let h = Harness::new().await;
+    let url = h.url.as_str();
+    let json = |o: Output| -> serde_json::Value {
+        assert!(o.status.success(), "{o:?}");
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {o:?}"))
+    };
+    for name in DEMO_PLUGINS {
+        let path = plugin_path(name).display().to_string();
+        let added = json(cli(url, &["plugin", "add", &path, "--json"]).await);
+        assert_eq!(
+            (&added["name"], &added["registered"]),
+            (&name.into(), &true.into())
+        );
+    }
+    let path = plugin_path("draft").display().to_string();
+    let again = json(cli(url, &["plugin", "add", &path, "--json"]).await);
+    assert_eq!(again["registered"], false);
+    let listed = json(cli(url, &["plugin", "list", "--json"]).await);
+    assert_eq!(listed.as_array().map(Vec::len), Some(4), "{listed}");
+
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugins/demo.toml");
+    let keyed = ["run", demo, "--idempotency-key", "k", "--json"];
+    let submitted = json(cli(url, &keyed).await);
+    assert_eq!(submitted["created"], true);
+    let run = submitted["run_id"].as_str().expect("run id").to_string();
+    let resubmitted = json(cli(url, &keyed).await);
+    assert_eq!(
+        (&resubmitted["run_id"], &resubmitted["created"]),
+        (&run.as_str().into(), &false.into())
+    );
+    let shown = json(cli(url, &["plugin", "show", "draft", "--json"]).await);
+    assert_eq!(shown[0]["runs_using_it"], 1, "{shown}");
+
+    assert!(cli(url, &["worker", "--until-idle"]).await.status.success());
+    let artifacts = json(cli(url, &["artifacts", &run, "--json"]).await);
+    assert_eq!(artifacts.as_array().map(Vec::len), Some(5), "{artifacts}");
+    let draft = json(cli(url, &["artifacts", &run, "draft.draft", "--json"]).await);
+    let text = draft["text"].as_str().expect("the draft is text");
+    assert_eq!(
+        draft["artifact"]["digest"].as_str(),
+        Some(sha256_hex(text.as_bytes()).as_str())
+    );
+    let yanked = json(cli(url, &["plugin", "yank", "draft@1.0.0", "--json"]).await);
+    assert_eq!(yanked["yanked"], true);
+}

@@ -265,10 +265,20 @@ async fn upgrades(backend: Backend) {
 
     let accepted = cli(
         &h.url,
-        &["upgrade", &waiting, "--stage", "draft", "--to", "2.0.0"],
+        &[
+            "upgrade", &waiting, "--stage", "draft", "--to", "2.0.0", "--json",
+        ],
     )
     .await;
     assert!(accepted.status.success(), "{accepted:?}");
+    let told: serde_json::Value = serde_json::from_slice(&accepted.stdout).expect("json");
+    assert_eq!(
+        (told["version"].as_str(), told["digest"].as_str()),
+        (
+            Some("2.0.0"),
+            Some(digest_of(&h, "draft", "2.0.0").await.as_str())
+        )
+    );
     let history = h.store.run_events(&waiting).await.expect("history");
     assert_eq!(history.len(), 1);
     assert!(

@@ -23,12 +23,15 @@ pub struct Env {
     pub store: Arc<dyn Store>,
     pub clock: Arc<dyn Clock>,
     pub host: Arc<PluginHost>,
+    /// The policy's `[concurrency]` caps, for this process's claims.
+    pub caps: Arc<[ratchet_runtime::store::PluginCap]>,
 }
 
 impl Env {
     pub async fn open(cli: &Cli) -> Result<Self> {
         let db = cli.db.as_str();
         let config = host_config(cli)?;
+        let caps = config.policy.plugin_caps();
         let model = model_backend(&cli.model)?;
         let store = store::open(db).await.context("cannot open the database")?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -44,12 +47,14 @@ impl Env {
             store,
             clock,
             host,
+            caps,
         })
     }
 
     pub fn scheduler(&self, worker_id: String, lease_ms: i64) -> Arc<Scheduler> {
         let mut config = SchedulerConfig::new(worker_id);
         config.lease_ms = lease_ms;
+        config.caps = self.caps.clone();
         Arc::new(Scheduler::new(
             self.store.clone(),
             self.host.clone(),

@@ -552,6 +552,7 @@ pub async fn claim(store: &dyn Store, worker: &str, now: i64, limit: usize) -> V
             lease_ms: 1_000,
             limit,
             only_job: None,
+            caps: Default::default(),
         })
         .await
         .expect("claim")

@@ -102,6 +102,7 @@ async fn explain_choosing_one(pg: &PostgresStore, h: &Harness) -> Value {
         lease_ms: 60_000,
         limit: 1,
         only_job: None,
+        caps: Default::default(),
     };
     pg.explain_claim(&claim).await.expect("explain the claim")
 }

@@ -33,6 +33,7 @@ async fn a_crash_inside_the_one_call_leaves_nothing_of_the_batch() {
         lease_ms: 60_000,
         limit: 1,
         only_job: None,
+        caps: Default::default(),
     };
     let job = pg.job_claim(claim).await.expect("claim").remove(0);
 

@@ -101,6 +101,7 @@ async fn a_run_in_flight_across_migration_7_finishes_when_its_last_job_succeeds(
         lease_ms: 60_000,
         limit,
         only_job: None,
+        caps: Default::default(),
     };
     let complete = |job: &ClaimedJob| JobComplete {
         job_id: job.job_id,
@@ -213,6 +214,7 @@ async fn a_claim_on_sqlite_carries_each_jobs_own_canonical_inputs() {
             lease_ms: 1_000,
             limit: 1,
             only_job: None,
+            caps: Default::default(),
         }),
     };
     let outcome = h.store.job_batch(&batch).await.expect("complete the roots");

@@ -131,6 +131,7 @@ async fn fenced_each(backend: Backend) {
             lease_ms: 1_000,
             limit: 1,
             only_job: Some(stale[0].job_id),
+            caps: Default::default(),
         })
         .await
         .expect("claim")
@@ -187,6 +188,7 @@ async fn same_job_twice(backend: Backend) {
             lease_ms: 1_000,
             limit: 1,
             only_job: Some(first.job_id),
+            caps: Default::default(),
         })
         .await
         .expect("claim")
@@ -382,6 +384,7 @@ async fn postgres_writes_a_common_batch_in_one_call_and_any_other_in_steps() {
             lease_ms: 1_000,
             limit: 1,
             only_job: None,
+            caps: Default::default(),
         }),
     };
     let outcome = pg.job_batch(&both).await.expect("complete b and c");

@@ -85,6 +85,7 @@ async fn apply(store: &dyn Store, seed: u64) -> Value {
                     lease_ms: 1_000,
                     limit: rng.random_range(1..=3),
                     only_job: None,
+                    caps: Default::default(),
                 };
                 let claimed = store.job_claim(claim).await.expect("claim");
                 let ids: Vec<_> = claimed.iter().map(|c| (c.job_id, c.attempt)).collect();

@@ -4,7 +4,9 @@
 //! capabilities the policy no longer grants, so a tightened policy applies to
 //! plugins registered before it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroU32;
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -73,6 +75,10 @@ struct RawPolicy {
     grants: Vec<Capability>,
     #[serde(default)]
     caps: Caps,
+    /// Plugin name -> most attempts of it running at once, every worker
+    /// counted.
+    #[serde(default)]
+    concurrency: BTreeMap<String, NonZeroU32>,
 }
 
 fn all_grants() -> Vec<Capability> {
@@ -90,6 +96,7 @@ fn capability_of(import: &str) -> Option<Capability> {
 pub struct Policy {
     grants: BTreeSet<Capability>,
     pub caps: Caps,
+    concurrency: BTreeMap<String, NonZeroU32>,
 }
 
 impl Default for Policy {
@@ -97,6 +104,7 @@ impl Default for Policy {
         Self {
             grants: all_grants().into_iter().collect(),
             caps: Caps::default(),
+            concurrency: BTreeMap::new(),
         }
     }
 }
@@ -108,7 +116,19 @@ impl Policy {
         Ok(Self {
             grants: raw.grants.into_iter().collect(),
             caps: raw.caps,
+            concurrency: raw.concurrency,
         })
+    }
+
+    /// The caps of `[concurrency]`, by plugin name, for every claim.
+    pub fn plugin_caps(&self) -> Arc<[crate::store::PluginCap]> {
+        self.concurrency
+            .iter()
+            .map(|(plugin, cap)| crate::store::PluginCap {
+                plugin: plugin.clone(),
+                cap: i64::from(cap.get()),
+            })
+            .collect()
     }
 
     pub fn with_grants(mut self, grants: impl IntoIterator<Item = Capability>) -> Self {
@@ -221,6 +241,18 @@ mod tests {
             .expect_err("model imported without asking");
         assert!(err.contains("`ratchet:stage/model@0.1.0`"), "{err}");
         assert!(err.contains("capabilities = [\"model\"]"), "{err}");
+    }
+
+    #[test]
+    fn concurrency_caps_are_read_by_plugin_name_and_zero_is_refused() {
+        let policy = Policy::parse("policy.toml", "[concurrency]\ndraft = 4\n").expect("valid");
+        let caps = policy.plugin_caps();
+        assert_eq!(caps.len(), 1);
+        assert_eq!((caps[0].plugin.as_str(), caps[0].cap), ("draft", 4));
+        let err = Policy::parse("policy.toml", "[concurrency]\ndraft = 0\n").expect_err("zero");
+        let err = err.to_string();
+        assert!(err.starts_with("policy.toml:2"), "{err}");
+        assert!(err.contains("nonzero"), "{err}");
     }
 
     #[test]

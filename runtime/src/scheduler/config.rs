@@ -43,6 +43,9 @@ pub struct SchedulerConfig {
     /// previous one claimed, while they keep coming (at most eight times
     /// this in all; zero: never waits; see `group_commit`).
     pub commit_linger: std::time::Duration,
+    /// The operator's caps on attempts running at once per plugin
+    /// (`[concurrency]` of the policy), enforced by every claim.
+    pub caps: std::sync::Arc<[crate::store::PluginCap]>,
 }
 
 impl SchedulerConfig {
@@ -53,6 +56,7 @@ impl SchedulerConfig {
             backoff: Backoff::default(),
             commit_batch: 64,
             commit_linger: std::time::Duration::from_millis(1),
+            caps: std::sync::Arc::new([]),
         }
     }
 }

@@ -76,6 +76,7 @@ pub(super) struct Claimer {
     pub lease_ms: i64,
     pub clock: Arc<dyn Clock>,
     pub probe: Option<Arc<dyn SchedulerProbe>>,
+    pub caps: Arc<[crate::store::PluginCap]>,
 }
 
 pub(super) struct GroupCommit<C = Arc<dyn Queue>> {
@@ -268,6 +269,7 @@ impl<C: CommitBatch> Committer<C> {
                 lease_ms: self.claimer.lease_ms,
                 limit: wanted,
                 only_job: None,
+                caps: self.claimer.caps.clone(),
             }),
         }
     }

@@ -121,6 +121,7 @@ impl Scheduler {
                     lease_ms: self.config.lease_ms,
                     limit: limit - claimed.len(),
                     only_job,
+                    caps: self.config.caps.clone(),
                 })
                 .await
                 .inspect_err(|_| self.maybe_orphans.store(true, Ordering::Relaxed))?;
@@ -436,6 +437,7 @@ fn group_commit(
         lease_ms: config.lease_ms,
         clock: clock.clone(),
         probe,
+        caps: config.caps.clone(),
     };
     let parallel = store.write_concurrency();
     GroupCommit::new(

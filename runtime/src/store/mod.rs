@@ -4,6 +4,7 @@
 
 mod audit_run;
 mod canonical;
+mod caps;
 mod complete;
 mod control;
 mod deliveries;

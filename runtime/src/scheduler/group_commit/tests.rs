@@ -79,6 +79,7 @@ fn committer(gate: Gate, parallel: usize, linger: Duration) -> Arc<GroupCommit<G
         lease_ms: 1_000,
         clock: Arc::new(ManualClock::new(0)),
         probe: None,
+        caps: Arc::new([]),
     };
     Arc::new(GroupCommit::new(gate, 64, parallel, linger, claimer))
 }

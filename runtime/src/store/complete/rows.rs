@@ -402,6 +402,7 @@ mod tests {
                 lease_ms: 1,
                 limit,
                 only_job: None,
+                caps: std::sync::Arc::new([]),
             }),
         }
     }

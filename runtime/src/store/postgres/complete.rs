@@ -17,7 +17,10 @@ use crate::store::rows::RowExt;
 const NOT_IN_ONE_CALL: &str = "RT001";
 
 pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome> {
-    let outcome = if b.completions.is_empty() {
+    // A claim under caps takes its plugins' locks and counts: its own
+    // statements, after the batch's.
+    let capped = b.claim.as_ref().is_some_and(|c| !c.caps.is_empty());
+    let outcome = if b.completions.is_empty() || capped {
         in_steps(store, b).await?
     } else {
         match in_one_call(store, b).await {

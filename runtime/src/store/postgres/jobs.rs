@@ -3,10 +3,12 @@
 //! failures in `fail.rs`; reconcile in `reconcile.rs`).
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use sqlx::Row;
 
 use super::*;
+use crate::store::caps::{self, CappedClaimTx};
 
 pub(super) async fn list<'e>(
     ex: impl sqlx::Executor<'e, Database = Postgres>,
@@ -69,13 +71,80 @@ pub(super) const CLAIM: &str = "WITH expired AS (
 /// `jobs_claimable`), and data-modifying `WITH` clauses close the
 /// taken-over attempts, take the jobs and open their attempts.
 pub(super) async fn claim_tx(tx: &mut Tx, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
+    if c.caps.is_empty() {
+        let query = bind_claim(sqlx::query(CLAIM), c);
+        claim_rows(tx, c, query).await
+    } else {
+        caps::claim(&mut Capped(tx), c).await
+    }
+}
+
+async fn claim_rows(tx: &mut Tx, c: &JobClaim, query: PgQuery<'_>) -> Result<Vec<ClaimedJob>> {
     let lease_expires_at = c.now + c.lease_ms;
-    let rows = bind_claim(sqlx::query(CLAIM), c)
-        .fetch_all(&mut **tx)
-        .await?;
+    let rows = query.fetch_all(&mut **tx).await?;
     rows.iter()
         .map(|row| rows::claimed_job(row, row.try_get("id")?, lease_expires_at))
         .collect()
+}
+
+/// The only-job condition of [`CLAIM`]'s parts, to which a capped claim
+/// adds its plugins' digests (`$6`).
+const ONLY_JOB: &str = "AND ($2::BIGINT IS NULL OR id = $2)";
+
+/// [`CLAIM`] among the jobs of the digests `$6` ([`store::caps`](crate::store)).
+static CLAIM_ONLY: LazyLock<String> =
+    LazyLock::new(|| CLAIM.replace(ONLY_JOB, &format!("{ONLY_JOB} AND plugin_digest = ANY($6)")));
+
+/// [`CLAIM`] among the jobs of every digest but `$6`.
+static CLAIM_EXCEPT: LazyLock<String> = LazyLock::new(|| {
+    CLAIM.replace(
+        ONLY_JOB,
+        &format!("{ONLY_JOB} AND plugin_digest <> ALL($6)"),
+    )
+});
+
+/// The statements of `store::caps` on a write transaction.
+struct Capped<'t>(&'t mut Tx);
+
+impl CappedClaimTx for Capped<'_> {
+    async fn cap_lock(&mut self, plugin: &str) -> Result<()> {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("ratchet concurrency cap of {plugin}"))
+            .execute(&mut **self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn plugin_digests(&mut self, plugin: &str) -> Result<Vec<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT digest FROM plugins WHERE name = $1")
+                .bind(plugin)
+                .fetch_all(&mut **self.0)
+                .await?,
+        )
+    }
+
+    async fn running(&mut self, digests: &[String], now: i64) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT COUNT(*) FROM jobs
+             WHERE state = 'running' AND lease_expires_at > $1 AND plugin_digest = ANY($2)",
+        )
+        .bind(now)
+        .bind(digests)
+        .fetch_one(&mut **self.0)
+        .await?)
+    }
+
+    async fn claim_among(
+        &mut self,
+        c: &JobClaim,
+        digests: &[String],
+        only: bool,
+    ) -> Result<Vec<ClaimedJob>> {
+        let sql = if only { &CLAIM_ONLY } else { &CLAIM_EXCEPT };
+        let query = bind_claim(sqlx::query(sqlx::AssertSqlSafe(sql.as_str())), c).bind(digests);
+        claim_rows(self.0, c, query).await
+    }
 }
 
 pub(super) fn bind_claim<'q>(query: PgQuery<'q>, c: &'q JobClaim) -> PgQuery<'q> {

@@ -8,6 +8,7 @@ use std::sync::LazyLock;
 use sqlx::Row;
 
 use super::*;
+use crate::store::caps::{self, CappedClaimTx};
 
 pub(super) async fn list<'e>(
     ex: impl sqlx::Executor<'e, Database = Sqlite>,
@@ -49,7 +50,25 @@ static PICK: LazyLock<String> = LazyLock::new(|| {
 /// the attempts whose leases expired, take the jobs, open their attempts
 /// and read back the jobs and their canonical inputs. Each statement reads
 /// only `?1`, a JSON document (see `complete.rs`).
-static CLAIM: LazyLock<String> = LazyLock::new(|| {
+static CLAIM: LazyLock<String> = LazyLock::new(|| claim_with(&PICK));
+
+/// The only-job condition of [`PICK`]'s parts, to which a capped claim adds
+/// its plugins' digests (`$.digests`).
+const ONLY_JOB: &str = "AND (?1 ->> '$.only_job' IS NULL OR id = ?1 ->> '$.only_job')";
+
+/// [`CLAIM`] among the jobs of `$.digests` ([`store::caps`](crate::store)).
+static CLAIM_ONLY: LazyLock<String> = LazyLock::new(|| {
+    let among = "AND plugin_digest IN (SELECT value FROM json_each(?1 -> '$.digests'))";
+    claim_with(&PICK.replace(ONLY_JOB, &format!("{ONLY_JOB} {among}")))
+});
+
+/// [`CLAIM`] among the jobs of every digest but `$.digests`.
+static CLAIM_EXCEPT: LazyLock<String> = LazyLock::new(|| {
+    let among = "AND plugin_digest NOT IN (SELECT value FROM json_each(?1 -> '$.digests'))";
+    claim_with(&PICK.replace(ONLY_JOB, &format!("{ONLY_JOB} {among}")))
+});
+
+fn claim_with(pick: &str) -> String {
     format!(
         "DELETE FROM temp.claim_pick;
 
@@ -90,9 +109,8 @@ static CLAIM: LazyLock<String> = LazyLock::new(|| {
          ORDER BY p.n, b.input",
         inputs = artifacts::INPUT_COLUMNS,
         artifact = artifacts::ARTIFACT_OF_INPUT,
-        pick = PICK.as_str(),
     )
-});
+}
 
 impl SqliteStore {
     /// How SQLite picks the jobs of a claim, one line per step of `EXPLAIN
@@ -109,6 +127,62 @@ impl SqliteStore {
 }
 
 pub(super) async fn claim_tx(tx: &mut Tx<'_>, c: &JobClaim) -> Result<Vec<ClaimedJob>> {
+    if c.caps.is_empty() {
+        claim_among(tx, c, &CLAIM, &[]).await
+    } else {
+        caps::claim(&mut Capped(tx), c).await
+    }
+}
+
+/// The statements of `store::caps` on the writer's transaction: the one
+/// writer already holds off every other claim.
+struct Capped<'t, 'c>(&'t mut Tx<'c>);
+
+impl CappedClaimTx for Capped<'_, '_> {
+    async fn cap_lock(&mut self, _plugin: &str) -> Result<()> {
+        Ok(())
+    }
+
+    async fn plugin_digests(&mut self, plugin: &str) -> Result<Vec<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT digest FROM plugins WHERE name = ?")
+                .bind(plugin)
+                .fetch_all(&mut **self.0)
+                .await?,
+        )
+    }
+
+    async fn running(&mut self, digests: &[String], now: i64) -> Result<i64> {
+        Ok(sqlx::query_scalar(concat!(
+            "SELECT COUNT(*) FROM jobs WHERE state = 'running' AND ",
+            live!(),
+            " AND lease_expires_at > ?1
+              AND plugin_digest IN (SELECT value FROM json_each(?2))"
+        ))
+        .bind(now)
+        .bind(to_json(&digests))
+        .fetch_one(&mut **self.0)
+        .await?)
+    }
+
+    async fn claim_among(
+        &mut self,
+        c: &JobClaim,
+        digests: &[String],
+        only: bool,
+    ) -> Result<Vec<ClaimedJob>> {
+        let sql = if only { &CLAIM_ONLY } else { &CLAIM_EXCEPT };
+        claim_among(self.0, c, sql, digests).await
+    }
+}
+
+/// Runs `sql`, a claim ([`CLAIM`] or one of its variants among `digests`).
+async fn claim_among(
+    tx: &mut Tx<'_>,
+    c: &JobClaim,
+    sql: &str,
+    digests: &[String],
+) -> Result<Vec<ClaimedJob>> {
     let lease_expires_at = c.now + c.lease_ms;
     let claim = serde_json::json!({
         "now": c.now,
@@ -116,8 +190,9 @@ pub(super) async fn claim_tx(tx: &mut Tx<'_>, c: &JobClaim) -> Result<Vec<Claime
         "limit": c.limit.max(1),
         "worker": c.worker,
         "lease_expires_at": lease_expires_at,
+        "digests": digests,
     });
-    let rows = sqlx::query(sqlx::AssertSqlSafe(CLAIM.as_str()))
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(claim.to_string())
         .fetch_all(&mut **tx)
         .await?;

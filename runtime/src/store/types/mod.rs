@@ -10,6 +10,7 @@ mod deliveries;
 mod plugins;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -194,6 +195,17 @@ pub struct JobClaim {
     /// Claim only this job (a scheduler choosing its own order); `None`
     /// claims the oldest due jobs.
     pub only_job: Option<i64>,
+    /// The operator's caps on attempts running at once per plugin, across
+    /// every worker: a claim takes no job of a plugin at its cap.
+    pub caps: Arc<[PluginCap]>,
+}
+
+/// At most `cap` attempts of the plugin named `plugin` (any version) run
+/// at once, counted in the database at each claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginCap {
+    pub plugin: String,
+    pub cap: i64,
 }
 
 /// What a worker's committer sends: completions, then a claim, in one

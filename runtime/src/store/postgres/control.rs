@@ -60,21 +60,7 @@ impl ControlTx for Controlling<'_> {
     }
 
     async fn run_cancel(&mut self, run_id: &str, now: i64) -> Result<()> {
-        sqlx::query(
-            "UPDATE runs SET state = 'cancelled', finished_at = $1,
-                    failed_seq = nextval('ratchet_seq')
-             WHERE id = $2",
-        )
-        .bind(now)
-        .bind(run_id)
-        .execute(&mut **self.0)
-        .await?;
-        sqlx::query("SELECT ratchet_lifecycle_events($1, $2)")
-            .bind(now)
-            .bind([run_id])
-            .execute(&mut **self.0)
-            .await?;
-        Ok(())
+        fail::run_end(self.0, run_id, "cancelled", now).await
     }
 
     async fn jobs_resume(&mut self, run_id: &str, now: i64) -> Result<Vec<String>> {

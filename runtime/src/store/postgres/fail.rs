@@ -74,20 +74,7 @@ impl FailTx for Failing<'_> {
     }
 
     async fn run_fail(&mut self, run_id: &str, now: i64) -> Result<()> {
-        sqlx::query(
-            "UPDATE runs SET state = 'failed', finished_at = $1, failed_seq = nextval('ratchet_seq')
-             WHERE id = $2 AND state = 'running'",
-        )
-        .bind(now)
-        .bind(run_id)
-        .execute(&mut **self.0)
-        .await?;
-        sqlx::query("SELECT ratchet_lifecycle_events($1, $2)")
-            .bind(now)
-            .bind([run_id])
-            .execute(&mut **self.0)
-            .await?;
-        Ok(())
+        run_end(self.0, run_id, "failed", now).await
     }
 
     async fn attempt_failed(&mut self, f: &JobFail) -> Result<()> {
@@ -179,5 +166,26 @@ pub(super) async fn unfinished_jobs_cancel(
     .bind(run_id)
     .execute(&mut **tx)
     .await?;
+    Ok(())
+}
+
+/// Ends the run, if still running, in `state` (`failed` or `cancelled`),
+/// with a new value of the order shared by claims and completions as its
+/// `failed_seq`, and writes its lifecycle event.
+pub(super) async fn run_end(tx: &mut Tx, run_id: &str, state: &str, now: i64) -> Result<()> {
+    sqlx::query(
+        "UPDATE runs SET state = $3, finished_at = $1, failed_seq = nextval('ratchet_seq')
+         WHERE id = $2 AND state = 'running'",
+    )
+    .bind(now)
+    .bind(run_id)
+    .bind(state)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query("SELECT ratchet_lifecycle_events($1, $2)")
+        .bind(now)
+        .bind([run_id])
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }

@@ -53,17 +53,7 @@ impl ControlTx for Controlling<'_, '_> {
     }
 
     async fn run_cancel(&mut self, run_id: &str, now: i64) -> Result<()> {
-        sqlx::query(
-            "UPDATE counters SET value = value + 1 WHERE name = 'seq';
-             UPDATE runs SET state = 'cancelled', finished_at = ?1,
-                    failed_seq = (SELECT value FROM counters WHERE name = 'seq')
-             WHERE id = ?2",
-        )
-        .bind(now)
-        .bind(run_id)
-        .execute(&mut **self.0)
-        .await?;
-        runs::lifecycle_events(self.0, &to_json(&[run_id]), now).await
+        fail::run_end(self.0, run_id, "cancelled", now).await
     }
 
     async fn jobs_resume(&mut self, run_id: &str, now: i64) -> Result<Vec<String>> {

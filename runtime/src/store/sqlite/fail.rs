@@ -74,18 +74,7 @@ impl FailTx for Failing<'_, '_> {
     }
 
     async fn run_fail(&mut self, run_id: &str, now: i64) -> Result<()> {
-        sqlx::query(
-            "UPDATE counters SET value = value + 1
-             WHERE name = 'seq' AND EXISTS (SELECT 1 FROM runs WHERE id = ?2 AND state = 'running');
-             UPDATE runs SET state = 'failed', finished_at = ?1,
-                    failed_seq = (SELECT value FROM counters WHERE name = 'seq')
-             WHERE id = ?2 AND state = 'running'",
-        )
-        .bind(now)
-        .bind(run_id)
-        .execute(&mut **self.0)
-        .await?;
-        runs::lifecycle_events(self.0, &to_json(&[run_id]), now).await
+        run_end(self.0, run_id, "failed", now).await
     }
 
     async fn attempt_failed(&mut self, f: &JobFail) -> Result<()> {
@@ -178,4 +167,23 @@ pub(super) async fn unfinished_jobs_cancel(
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// Ends the run, if still running, in `state` (`failed` or `cancelled`),
+/// with a new value of the order shared by claims and completions as its
+/// `failed_seq`, and writes its lifecycle event.
+pub(super) async fn run_end(tx: &mut Tx<'_>, run_id: &str, state: &str, now: i64) -> Result<()> {
+    sqlx::query(
+        "UPDATE counters SET value = value + 1
+         WHERE name = 'seq' AND EXISTS (SELECT 1 FROM runs WHERE id = ?2 AND state = 'running');
+         UPDATE runs SET state = ?3, finished_at = ?1,
+                failed_seq = (SELECT value FROM counters WHERE name = 'seq')
+         WHERE id = ?2 AND state = 'running'",
+    )
+    .bind(now)
+    .bind(run_id)
+    .bind(state)
+    .execute(&mut **tx)
+    .await?;
+    runs::lifecycle_events(tx, &to_json(&[run_id]), now).await
 }

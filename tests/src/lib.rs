@@ -5,6 +5,11 @@
 pub mod events;
 pub mod fleet;
 pub mod nats;
+mod old_schema;
+mod store_fixtures;
+
+pub use old_schema::{database_at_version, sqlite_at_version};
+pub use store_fixtures::{claim, completion, put_stand_in_plugin, stages};
 
 use std::path::PathBuf;
 use std::process::Output;
@@ -19,9 +24,7 @@ use ratchet_runtime::manifest::Pipeline;
 use ratchet_runtime::plugin::{HostConfig, PluginHost};
 use ratchet_runtime::registry;
 use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
-use ratchet_runtime::store::{
-    self, ClaimedJob, JobClaim, JobComplete, JobState, Payload, PluginPut, RunState, Store,
-};
+use ratchet_runtime::store::{self, JobState, RunState, Store};
 use ratchet_runtime::worker::{self, WorkerOptions};
 use serde_json::Value;
 
@@ -98,61 +101,6 @@ pub async fn postgres_schema_url() -> Option<String> {
     Some(format!(
         "{base}{sep}options=-c%20search_path%3D{schema}&application_name={schema}"
     ))
-}
-
-/// A database of `backend` migrated up to `version` only and holding
-/// `rows` (SQL), as a Ratchet of that schema left it: the folder holding it
-/// (SQLite) and its URL. `None` when the backend is unavailable here.
-pub async fn database_at_version(
-    backend: Backend,
-    version: i64,
-    rows: &str,
-) -> Option<(tempfile::TempDir, String)> {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let rows = sqlx::AssertSqlSafe(rows.to_string());
-    let url = match backend {
-        Backend::Sqlite => {
-            let path = dir.path().join("old.db");
-            sqlite_at_version(&path, version, rows).await;
-            format!("sqlite://{}", path.display())
-        }
-        Backend::Postgres => {
-            let url = postgres_schema_url().await?;
-            let pool = sqlx::PgPool::connect(&url).await.expect("postgres");
-            sqlx::migrate!("../migrations/postgres")
-                .run_to(version, &pool)
-                .await
-                .expect("the schema of an older version");
-            sqlx::raw_sql(rows).execute(&pool).await.expect("its rows");
-            pool.close().await;
-            url
-        }
-    };
-    Some((dir, url))
-}
-
-/// A SQLite database at `path` migrated up to `version`, holding `rows`.
-pub async fn sqlite_at_version(
-    path: &std::path::Path,
-    version: i64,
-    rows: sqlx::AssertSqlSafe<String>,
-) {
-    use sqlx::{ConnectOptions, Connection};
-    let mut old = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(path)
-        .create_if_missing(true)
-        .connect()
-        .await
-        .expect("create");
-    sqlx::migrate!("../migrations/sqlite")
-        .run_to(version, &mut old)
-        .await
-        .expect("the schema of an older version");
-    sqlx::raw_sql(rows)
-        .execute(&mut old)
-        .await
-        .expect("its rows");
-    old.close().await.expect("close");
 }
 
 fn uuid_like() -> String {
@@ -510,55 +458,4 @@ pub async fn output(mut cmd: tokio::process::Command) -> Output {
         .await
         .expect("the process ended within the bound")
         .expect("wait for the process")
-}
-
-/// Registers plugin `p` with a one-byte stand-in component: for store tests
-/// whose jobs are never executed.
-pub async fn put_stand_in_plugin(store: &dyn Store, now: i64) {
-    store
-        .plugin_put(PluginPut {
-            digest: "p".into(),
-            name: "p".into(),
-            version: "1.0.0".into(),
-            manifest: String::new(),
-            component: vec![0],
-            now,
-        })
-        .await
-        .expect("plugin");
-}
-
-/// A completion of `job` by `worker` with one output, `out`, whose bytes
-/// name the stage, the worker and the attempt.
-pub fn completion(job: &ClaimedJob, worker: &str, now: i64) -> JobComplete {
-    let bytes = format!("{} by {worker} on attempt {}", job.stage, job.attempt).into_bytes();
-    JobComplete {
-        job_id: job.job_id,
-        attempt: job.attempt,
-        worker: worker.into(),
-        job: job.into(),
-        outputs: vec![Payload::new("out", "text/plain", bytes)],
-        input_digests: Default::default(),
-        now,
-    }
-}
-
-/// Claims up to `limit` jobs for `worker` with a one-second lease.
-pub async fn claim(store: &dyn Store, worker: &str, now: i64, limit: usize) -> Vec<ClaimedJob> {
-    store
-        .job_claim(JobClaim {
-            worker: worker.into(),
-            now,
-            lease_ms: 1_000,
-            limit,
-            only_job: None,
-            caps: Default::default(),
-        })
-        .await
-        .expect("claim")
-}
-
-/// `(stage, attempt)` of each job.
-pub fn stages(jobs: &[ClaimedJob]) -> Vec<(&str, i64)> {
-    jobs.iter().map(|j| (j.stage.as_str(), j.attempt)).collect()
 }

@@ -1,5 +1,6 @@
 //! What operators ask of a run ([`Intake::run_cancel`],
-//! [`Intake::run_retry`]) and what came of it.
+//! [`Intake::run_retry`]) and what came of it, and the caps they put on
+//! attempts running at once.
 //!
 //! [`Intake::run_cancel`]: crate::store::Intake::run_cancel
 //! [`Intake::run_retry`]: crate::store::Intake::run_retry
@@ -72,4 +73,12 @@ pub enum RetryOutcome {
     StageNotRetryable {
         state: JobState,
     },
+}
+
+/// At most `cap` attempts of the plugin named `plugin` (any version) run
+/// at once, counted in the database at each claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginCap {
+    pub plugin: String,
+    pub cap: i64,
 }

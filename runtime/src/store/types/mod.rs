@@ -200,14 +200,6 @@ pub struct JobClaim {
     pub caps: Arc<[PluginCap]>,
 }
 
-/// At most `cap` attempts of the plugin named `plugin` (any version) run
-/// at once, counted in the database at each claim.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PluginCap {
-    pub plugin: String,
-    pub cap: i64,
-}
-
 /// What a worker's committer sends: completions, then a claim, in one
 /// transaction. The claim sees the dependents the completions released.
 #[derive(Debug, Clone, Default)]

@@ -4,6 +4,7 @@
 
 use crate::clock::Clock;
 use crate::registry::RegistryError;
+pub use crate::store::Retried;
 use crate::store::{CancelOutcome, Intake, RetryOutcome, RunCancel, RunRetry, RunState};
 
 /// Who runs the command, as the OS tells: the default of `--by`.
@@ -40,14 +41,6 @@ pub async fn run_cancel(
     }
 }
 
-/// What a retry resumed.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Retried {
-    pub generation: i64,
-    pub stages: Vec<String>,
-    pub journal_discarded: u64,
-}
-
 /// Retries a failed or cancelled run from the stages that did not succeed;
 /// `stage` names the one to retry from (and narrows `fresh` to it).
 pub async fn run_retry(
@@ -70,15 +63,7 @@ pub async fn run_retry(
         .await?;
     let refused = |m: String| Err(RegistryError::Refused(m));
     match outcome {
-        RetryOutcome::Retried {
-            generation,
-            stages,
-            journal_discarded,
-        } => Ok(Retried {
-            generation,
-            stages,
-            journal_discarded,
-        }),
+        RetryOutcome::Retried(retried) => Ok(retried),
         RetryOutcome::NotFound => Err(no_run(run_id)),
         RetryOutcome::NotRetryable {
             state: RunState::Running,

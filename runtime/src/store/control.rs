@@ -9,7 +9,9 @@
 //! operators (a cancel and a retry) queue on the run's first job.
 
 use super::rows::corrupt;
-use super::{CancelOutcome, JobState, Result, RetryOutcome, RunCancel, RunRetry, RunState};
+use super::{
+    CancelOutcome, JobState, Result, Retried, RetryOutcome, RunCancel, RunRetry, RunState,
+};
 
 /// A job of the run as a control step sees it, its row locked.
 struct ControlledJob {
@@ -134,11 +136,11 @@ pub(crate) async fn retry(tx: &mut impl ControlTx, r: &RunRetry) -> Result<Retry
     );
     tx.history_record(&r.run_id, r.stage.as_deref(), "retry", &detail, r.now)
         .await?;
-    Ok(RetryOutcome::Retried {
+    Ok(RetryOutcome::Retried(Retried {
         generation,
         stages,
         journal_discarded,
-    })
+    }))
 }
 
 async fn locked_jobs(tx: &mut impl ControlTx, run_id: &str) -> Result<Vec<ControlledJob>> {

@@ -20,7 +20,7 @@ pub(super) async fn retry(store: &PostgresStore, r: RunRetry) -> Result<RetryOut
     control::with_retries(|| async {
         let mut tx = store.begin_write().await?;
         let outcome = control::retry(&mut Controlling(&mut tx), &r).await?;
-        if matches!(outcome, RetryOutcome::Retried { .. }) {
+        if matches!(outcome, RetryOutcome::Retried(_)) {
             notify_ready(&mut *tx).await?;
             tx.commit().await?;
         }

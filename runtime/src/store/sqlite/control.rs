@@ -18,7 +18,7 @@ pub(super) async fn retry(store: &SqliteStore, r: RunRetry) -> Result<RetryOutco
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
     let outcome = control::retry(&mut Controlling(&mut tx), &r).await?;
-    if matches!(outcome, RetryOutcome::Retried { .. }) {
+    if matches!(outcome, RetryOutcome::Retried(_)) {
         store.commit(tx).await?;
     }
     Ok(outcome)

@@ -20,8 +20,7 @@ pub struct RunCancel {
     pub now: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "outcome")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CancelOutcome {
     /// The run is `cancelled`: `in_flight` attempts were fenced out,
     /// `waiting` stages will never start.
@@ -51,17 +50,19 @@ pub struct RunRetry {
     pub now: i64,
 }
 
+/// What a retry resumed: the run is `running` again in its next
+/// `generation`; `stages` got a new budget of attempts;
+/// `journal_discarded` model answers were dropped (`fresh`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "outcome")]
+pub struct Retried {
+    pub generation: i64,
+    pub stages: Vec<String>,
+    pub journal_discarded: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RetryOutcome {
-    /// The run is `running` again in its next `generation`; `stages` got a
-    /// new budget of attempts; `journal_discarded` model answers were
-    /// dropped (`fresh`).
-    Retried {
-        generation: i64,
-        stages: Vec<String>,
-        journal_discarded: u64,
-    },
+    Retried(Retried),
     NotFound,
     /// Only a failed or cancelled run is retried.
     NotRetryable {

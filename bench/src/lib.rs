@@ -164,6 +164,10 @@ pub struct BackendReport {
     pub fanout: Vec<FanoutPoint>,
     /// Time per stage at the large fan-out over time per stage at the small.
     pub fanout_growth: f64,
+    /// A stage mapped over a list as long as the large fan-out.
+    pub map: FanoutPoint,
+    /// Time per stage of the map over time per stage of the large fan-out.
+    pub map_vs_fanout: f64,
     pub native_stage_completions_per_s: f64,
     /// Wasm chain time over native chain time (1.0 = no overhead).
     pub wasm_vs_native: f64,
@@ -237,6 +241,12 @@ pub async fn run_backend(
         ));
         fanout.push(point);
     }
+    let map = scenarios::map(scratch, config, config.fanout.max(1)).await?;
+    let map_vs_fanout = map.per_stage_us / fanout[1].per_stage_us.max(1e-9);
+    progress(&format!(
+        "map over {}: submitted in {:.3} s, burnt down in {:.3} s, {:.0} µs/stage ({map_vs_fanout:.2}x the fan-out's)",
+        map.stages, map.submit_seconds, map.seconds, map.per_stage_us
+    ));
     let call = scenarios::instantiate_call(scratch, config).await?;
     progress(&format!(
         "instantiate + call: {:.1} µs",
@@ -278,6 +288,8 @@ pub async fn run_backend(
         release_latency_p99_ms: ms(p99),
         fanout_growth: fanout[1].per_stage_us / fanout[0].per_stage_us.max(1e-9),
         fanout,
+        map,
+        map_vs_fanout,
         native_stage_completions_per_s: native,
         wasm_vs_native: native / wasm.max(1e-9),
         instantiate_call_us: call.as_secs_f64() * 1e6,

@@ -22,6 +22,8 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
         ("    growth large/small per stage".into(), vec![]),
         ("    RSS start/peak, small; large, MB".into(), vec![]),
         ("    audit s, peak MB, small; large".into(), vec![]),
+        ("    map over as many: submit s; s, µs/stage".into(), vec![]),
+        ("    map per stage / large fan-out's".into(), vec![]),
         ("(4) release latency p50 / p99, ms".into(), vec![]),
         ("(5) native chain, completions/s".into(), vec![]),
         ("    Wasm vs native (time ratio)".into(), vec![]),
@@ -51,6 +53,8 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
                 r.fanout[1].audit_seconds,
                 r.fanout[1].audit_peak_rss_mb
             ),
+            fanout_cell(&r.map),
+            format!("{:.2}", r.map_vs_fanout),
             format!(
                 "{:.2} / {:.2}",
                 r.release_latency_p50_ms, r.release_latency_p99_ms
@@ -202,6 +206,8 @@ mod tests {
             release_latency_p99_ms: 0.02,
             fanout: vec![point(20), point(200)],
             fanout_growth: 1.0,
+            map: point(200),
+            map_vs_fanout: 1.0,
             native_stage_completions_per_s: 950.0 * scale,
             wasm_vs_native: 1.05,
             instantiate_call_us: 11.0,

@@ -13,7 +13,9 @@ use ratchet_runtime::bundled::BENCH_PLUGINS;
 use ratchet_runtime::clock::{Clock, SystemClock};
 use ratchet_runtime::llm::StochasticModel;
 use ratchet_runtime::manifest::Pipeline;
-use ratchet_runtime::plugin::{ExecError, ExecReport, HostConfig, Invocation, Payload, PluginHost};
+use ratchet_runtime::plugin::{
+    Caps, ExecError, ExecReport, HostConfig, Invocation, Payload, PluginHost,
+};
 use ratchet_runtime::registry;
 use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig, SchedulerProbe, StageExecutor};
 use ratchet_runtime::store::{self, MeasuredStore, PostgresStore, StoreError};
@@ -131,6 +133,7 @@ impl Rig {
             pipeline,
             input,
             None,
+            &Caps::default(),
             self.clock.as_ref(),
         )
         .await?;
@@ -152,8 +155,15 @@ impl Rig {
             submitters.spawn(async move {
                 for i in mine {
                     let input = format!("run {i}").into_bytes();
-                    registry::run_submit(store.as_ref(), &pipeline, input, None, clock.as_ref())
-                        .await?;
+                    registry::run_submit(
+                        store.as_ref(),
+                        &pipeline,
+                        input,
+                        None,
+                        &Caps::default(),
+                        clock.as_ref(),
+                    )
+                    .await?;
                 }
                 anyhow::Ok(())
             });

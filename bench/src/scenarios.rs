@@ -139,13 +139,80 @@ pub(super) async fn fanout(
     config: &BenchConfig,
     stages: usize,
 ) -> anyhow::Result<FanoutPoint> {
-    let rig = rig(scratch, &format!("fanout_{stages}"), config.workers).await?;
     let text = fanout_pipeline(stages);
+    let name = format!("fanout_{stages}");
+    one_run(
+        scratch,
+        config,
+        &name,
+        &text,
+        b"fan".to_vec(),
+        stages,
+        stages + 1,
+    )
+    .await
+}
+
+/// The map over a list: `split` the input into `elements` paragraphs, `pass`
+/// each in a job of its own (`map`), then one join after all of them.
+pub const MAP_PIPELINE: &str = r#"
+name = "map"
+[[stage]]
+name = "split"
+plugin = "split@^1"
+inputs = { text = "$input" }
+[[stage]]
+name = "each"
+plugin = "pass@^1"
+map = "split.parts"
+inputs = { in = "split.parts" }
+[[stage]]
+name = "join"
+plugin = "noop@^1"
+after = ["each"]
+"#;
+
+/// (3b) One run mapping a stage over `elements` paragraphs: against the
+/// fan-out of as many static stages, per stage.
+pub(super) async fn map(
+    scratch: &Scratch,
+    config: &BenchConfig,
+    elements: usize,
+) -> anyhow::Result<FanoutPoint> {
+    let paragraphs: Vec<String> = (0..elements).map(|i| format!("p{i}")).collect();
+    let input = paragraphs.join("\n\n").into_bytes();
+    let name = format!("map_{elements}");
+    // split, the elements, the mapped stage's join, the join after it.
+    let counted = elements + 3;
+    one_run(
+        scratch,
+        config,
+        &name,
+        MAP_PIPELINE,
+        input,
+        elements,
+        counted,
+    )
+    .await
+}
+
+/// One run of `text` on input `input`, burnt down by `config.workers`
+/// worker tasks; its time per stage is over `counted` stages.
+async fn one_run(
+    scratch: &Scratch,
+    config: &BenchConfig,
+    name: &str,
+    text: &str,
+    input: Vec<u8>,
+    stages: usize,
+    counted: usize,
+) -> anyhow::Result<FanoutPoint> {
+    let rig = rig(scratch, name, config.workers).await?;
     let submitted = Instant::now();
-    let pipeline = Pipeline::parse("bench fan-out", &text)?;
-    let run = rig.submit(&pipeline, b"fan".to_vec()).await?;
+    let pipeline = Pipeline::parse("bench pipeline", text)?;
+    let run = rig.submit(&pipeline, input).await?;
     let submit_seconds = submitted.elapsed().as_secs_f64();
-    drop((text, pipeline));
+    drop(pipeline);
     // Only what the burn-down needs counts: the peak starts again here.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let rss_at_start_mb = memory_mb("VmRSS:");
@@ -159,14 +226,19 @@ pub(super) async fn fanout(
     let report = audit::audit_store(rig.store.as_ref(), Some(&run), &mut |_| {}).await?;
     anyhow::ensure!(
         report.is_clean(),
-        "the fan-out run's audit: {:?}",
+        "the {name} run's audit: {:?}",
         report.violations
+    );
+    let state = rig.store.run_get(&run).await?.map(|r| r.state);
+    anyhow::ensure!(
+        state.as_ref().is_some_and(|s| s.to_string() == "succeeded"),
+        "the {name} run ended {state:?}"
     );
     Ok(FanoutPoint {
         stages,
         submit_seconds,
         seconds: elapsed.as_secs_f64(),
-        per_stage_us: elapsed.as_secs_f64() * 1e6 / (stages + 1) as f64,
+        per_stage_us: elapsed.as_secs_f64() * 1e6 / counted as f64,
         rss_at_start_mb,
         peak_rss_mb,
         audit_seconds: audited.elapsed().as_secs_f64(),

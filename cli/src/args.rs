@@ -120,6 +120,10 @@ pub enum Command {
         /// How many runs of the demo pipeline to submit.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
         runs: u32,
+        /// Run the map-reduce example instead (`plugins/map-reduce.toml`):
+        /// a map over a list, a join and an approval gate.
+        #[arg(long, conflicts_with = "runs")]
+        map_reduce: bool,
     },
     /// Manage registered plugins.
     #[command(subcommand)]
@@ -186,6 +190,10 @@ pub enum Command {
     /// List runs, or show one run's stages.
     Status {
         run: Option<String>,
+        /// List each element of a mapped stage (by default, counts by
+        /// state).
+        #[arg(long)]
+        elements: bool,
         #[arg(long)]
         json: bool,
     },
@@ -284,6 +292,21 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Approve an approval gate that awaits a decision: the stages after it
+    /// run, and can read the decision as the gate's `decision` output.
+    Approve {
+        run: String,
+        stage: String,
+        #[command(flatten)]
+        decision: DecisionArgs,
+    },
+    /// Reject an approval gate that awaits a decision: its run fails.
+    Reject {
+        run: String,
+        stage: String,
+        #[command(flatten)]
+        decision: DecisionArgs,
+    },
     /// Pin a stage of a running run that has not started yet to another
     /// registered version of its plugin.
     Upgrade {
@@ -337,4 +360,17 @@ pub enum OutboxCommand {
         #[arg(long, conflicts_with = "id")]
         dead: bool,
     },
+}
+
+/// Who decides an approval gate, and why.
+#[derive(Debug, clap::Args)]
+pub struct DecisionArgs {
+    /// A note kept in the decision.
+    #[arg(long)]
+    pub note: Option<String>,
+    /// Who decides, kept in the decision [default: the OS user].
+    #[arg(long)]
+    pub by: Option<String>,
+    #[arg(long)]
+    pub json: bool,
 }

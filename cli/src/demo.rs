@@ -18,17 +18,7 @@ const CRASH_LEASE_MS: &str = "1500";
 
 pub async fn run(env: &Env, runs: u32) -> Result<ExitCode> {
     println!("Ratchet demo on {}\n", env.db);
-    let mut names = Vec::new();
-    for (_, bytes) in bundled::PLUGINS {
-        let r = registry::plugin_register(
-            env.store.as_ref(),
-            &env.host,
-            bytes.to_vec(),
-            env.clock.as_ref(),
-        )
-        .await?;
-        names.push(format!("{}@{}", r.manifest.name, r.manifest.version));
-    }
+    let names = register(env, &bundled::PLUGINS).await?;
     println!("1. Registered the bundled plugins: {}.", names.join(", "));
 
     let pipeline = Pipeline::parse("plugins/demo.toml", bundled::DEMO_PIPELINE)?;
@@ -40,6 +30,7 @@ pub async fn run(env: &Env, runs: u32) -> Result<ExitCode> {
             &pipeline,
             input,
             None,
+            &env.limits,
             env.clock.as_ref(),
         )
         .await?;
@@ -49,47 +40,38 @@ pub async fn run(env: &Env, runs: u32) -> Result<ExitCode> {
         "2. Submitted {runs} runs of pipeline `demo` (draft -> verify, publish -> prepare-next)."
     );
 
-    let crashed = crash_a_worker(env).await?;
+    let crashed = crash_a_worker(
+        env,
+        "after_model_call",
+        "right after its first model call",
+        "answer journaled, stage not finished",
+    )
+    .await?;
     println!("4. Running workers in this process until every run is finished...");
-    let sched = env.scheduler(crate::default_worker_id(), 60_000);
-    let opts = WorkerOptions {
-        concurrency: 4,
-        until_idle: true,
-        ..WorkerOptions::default()
-    };
-    let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let stats = worker::run(env.store.clone(), sched, env.clock.clone(), opts, stopped).await?;
-    println!("   {}.\n", stats.summary());
+    println!("   {}.\n", work_until_idle(env).await?);
 
     if crashed {
         tell_the_story(env, &run_ids).await?;
     }
     summary_table(env, &run_ids).await?;
-    let report = ratchet_runtime::audit::audit_store(env.store.as_ref(), None, &mut |_| {}).await?;
-    if report.is_clean() {
-        println!(
-            "\nAudit: all three invariants hold over {} runs, {} jobs, {} attempts (`ratchet audit`).",
-            report.runs, report.jobs, report.attempts
-        );
-        println!(
-            "Inspect a run with `ratchet status RUN` and `ratchet artifacts RUN draft.draft`."
-        );
-        Ok(ExitCode::SUCCESS)
+    let inspect =
+        "Inspect a run with `ratchet status RUN` and `ratchet artifacts RUN draft.draft`.";
+    Ok(if audit_told(env, inspect).await? {
+        ExitCode::SUCCESS
     } else {
-        println!("\nAudit FAILED:");
-        for v in &report.violations {
-            println!(
-                "  [{}] run {} stage {}: {}",
-                v.invariant, v.run_id, v.stage, v.detail
-            );
-        }
-        Ok(ExitCode::FAILURE)
-    }
+        ExitCode::FAILURE
+    })
 }
 
-/// Starts `ratchet worker` as a child process that exits at the
-/// `after_model_call` crash point. Returns whether it crashed there.
-async fn crash_a_worker(env: &Env) -> Result<bool> {
+/// Starts `ratchet worker` as a child process that exits at crash point
+/// `point` (`where_` says where that is, `left` what it leaves behind).
+/// Returns whether it crashed there.
+pub(crate) async fn crash_a_worker(
+    env: &Env,
+    point: &str,
+    where_: &str,
+    left: &str,
+) -> Result<bool> {
     if !cfg!(feature = "failpoints") {
         println!(
             "3. (This build has no crash points; skipping the crash. Build with default features to see it.)"
@@ -97,10 +79,8 @@ async fn crash_a_worker(env: &Env) -> Result<bool> {
         return Ok(false);
     }
     let exe = std::env::current_exe().context("cannot find the ratchet executable")?;
-    println!("3. Starting a worker process that will die right after its first model call");
-    println!(
-        "   (FAILPOINTS=after_model_call=return(exit)): answer journaled, stage not finished."
-    );
+    println!("3. Starting a worker process that will die {where_}");
+    println!("   (FAILPOINTS={point}=return(exit)): {left}.");
     // The child runs with this process's global options: the same
     // database, policy, component cache and model backend.
     let status = tokio::process::Command::new(exe)
@@ -112,7 +92,7 @@ async fn crash_a_worker(env: &Env) -> Result<bool> {
             "--worker-id",
             "demo-doomed-worker",
         ])
-        .env("FAILPOINTS", "after_model_call=return(exit)")
+        .env("FAILPOINTS", format!("{point}=return(exit)"))
         .env("RATCHET_LOG", "error")
         .status()
         .await
@@ -124,6 +104,57 @@ async fn crash_a_worker(env: &Env) -> Result<bool> {
         println!("   The worker process ended without crashing ({status}).");
     }
     Ok(crashed)
+}
+
+/// Registers bundled plugins; their `name@version`.
+pub(crate) async fn register(env: &Env, plugins: &[(&str, &[u8])]) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for (_, bytes) in plugins {
+        let r = registry::plugin_register(
+            env.store.as_ref(),
+            &env.host,
+            bytes.to_vec(),
+            env.clock.as_ref(),
+        )
+        .await?;
+        names.push(format!("{}@{}", r.manifest.name, r.manifest.version));
+    }
+    Ok(names)
+}
+
+/// Runs four workers in this process until no work is left; their
+/// summary.
+pub(crate) async fn work_until_idle(env: &Env) -> Result<String> {
+    let sched = env.scheduler(crate::default_worker_id(), 60_000);
+    let opts = WorkerOptions {
+        concurrency: 4,
+        until_idle: true,
+        ..WorkerOptions::default()
+    };
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let stats = worker::run(env.store.clone(), sched, env.clock.clone(), opts, stopped).await?;
+    Ok(stats.summary())
+}
+
+/// The audit of every run, told; whether it is clean.
+pub(crate) async fn audit_told(env: &Env, inspect: &str) -> Result<bool> {
+    let report = ratchet_runtime::audit::audit_store(env.store.as_ref(), None, &mut |_| {}).await?;
+    if report.is_clean() {
+        println!(
+            "\nAudit: all three invariants hold over {} runs, {} jobs, {} attempts (`ratchet audit`).",
+            report.runs, report.jobs, report.attempts
+        );
+        println!("{inspect}");
+        return Ok(true);
+    }
+    println!("\nAudit FAILED:");
+    for v in &report.violations {
+        println!(
+            "  [{}] run {} stage {}: {}",
+            v.invariant, v.run_id, v.stage, v.detail
+        );
+    }
+    Ok(false)
 }
 
 async fn json_artifact(env: &Env, run: &str, stage: &str, output: &str) -> Result<Value> {

@@ -25,6 +25,8 @@ pub struct Env {
     pub host: Arc<PluginHost>,
     /// The policy's `[concurrency]` caps, for this process's claims.
     pub caps: Arc<[ratchet_runtime::store::PluginCap]>,
+    /// The policy's `[caps]`, for the runs this process submits.
+    pub limits: ratchet_runtime::plugin::Caps,
 }
 
 impl Env {
@@ -32,6 +34,7 @@ impl Env {
         let db = cli.db.as_str();
         let config = host_config(cli)?;
         let caps = config.policy.plugin_caps();
+        let limits = config.policy.caps;
         let model = model_backend(&cli.model)?;
         let store = store::open(db).await.context("cannot open the database")?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -48,6 +51,7 @@ impl Env {
             clock,
             host,
             caps,
+            limits,
         })
     }
 

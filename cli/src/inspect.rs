@@ -1,6 +1,6 @@
 //! Read-only commands: `plugin list`, `status`, `artifacts`, `audit`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use crate::{BadInput, Env};
 use ratchet_runtime::relay::Sinks;
-use ratchet_runtime::store::{DeliveryFilter, JobRow, PluginSummary};
+use ratchet_runtime::store::{DeliveryFilter, JobRow, JobState, PluginSummary, map};
 use ratchet_runtime::text::escape_controls;
 
 /// `value` on stdout as pretty JSON, the command's whole output.
@@ -87,7 +87,7 @@ async fn plugin_names(env: &Env) -> Result<HashMap<String, PluginSummary>> {
         .collect())
 }
 
-pub async fn status(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode> {
+pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) -> Result<ExitCode> {
     let Some(run_id) = run else {
         let runs = env.store.run_list().await?;
         if json {
@@ -107,13 +107,34 @@ pub async fn status(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode
         .into());
     };
     let jobs = env.store.job_list(run_id).await?;
+    // A mapped stage's elements, counted by state under it unless asked.
+    let mut counts: HashMap<String, BTreeMap<&str, u64>> = HashMap::new();
+    let jobs: Vec<JobRow> = if elements {
+        jobs
+    } else {
+        let (each, jobs): (Vec<JobRow>, Vec<JobRow>) =
+            jobs.into_iter().partition(|j| map::is_element(&j.stage));
+        for j in &each {
+            let mapped = j.stage.rsplit_once('[').map_or("", |(stage, _)| stage);
+            let by_state = counts.entry(mapped.to_string()).or_default();
+            *by_state.entry(j.state.as_str()).or_default() += 1;
+        }
+        jobs
+    };
+    let counted = |j: &JobRow| {
+        counts.get(&j.stage).map(|by_state| {
+            let states: Vec<String> = by_state.iter().map(|(s, n)| format!("{n} {s}")).collect();
+            (by_state, states.join(", "))
+        })
+    };
     let artifacts = env.store.artifact_list(run_id).await?;
     let plugins = plugin_names(env).await?;
-    let plugin_label = |j: &JobRow| {
-        plugins
-            .get(&j.plugin_digest)
+    let plugin_label = |j: &JobRow| match &j.plugin_digest {
+        None => "(approval gate)".to_string(),
+        Some(digest) => plugins
+            .get(digest)
             .map(|p| format!("{}@{}", p.name, p.version))
-            .unwrap_or_else(|| short(&j.plugin_digest).to_string())
+            .unwrap_or_else(|| short(digest).to_string()),
     };
     if json {
         let stages: Vec<_> = jobs
@@ -127,7 +148,8 @@ pub async fn status(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode
                 serde_json::json!({
                     "stage": j.stage, "state": j.state, "attempts": j.attempt,
                     "plugin": plugin_label(j), "plugin_digest": j.plugin_digest,
-                    "artifacts": outputs, "last_error": j.last_error,
+                    "gate": j.gate, "artifacts": outputs, "last_error": j.last_error,
+                    "map": j.map, "elements": counted(j).map(|(by_state, _)| by_state),
                 })
             })
             .collect();
@@ -158,6 +180,22 @@ pub async fn status(env: &Env, run: Option<&str>, json: bool) -> Result<ExitCode
             plugin_label(j),
             outs.join(" ")
         );
+        if let (Some(list), Some((_, states))) = (&j.map, counted(j)) {
+            let n = j.map_count.unwrap_or(0);
+            println!(
+                "{:<14} mapped over {list}: {n} element(s), {states} (`--elements` lists them)",
+                ""
+            );
+        }
+        if let Some(question) = j.gate.as_ref().filter(|_| j.state == JobState::Awaiting) {
+            println!(
+                "{:<14} awaits a decision: {} (ratchet approve|reject {} {})",
+                "",
+                escape_controls(question),
+                run.id,
+                j.stage
+            );
+        }
         if let Some(e) = &j.last_error {
             println!("{:<14} last error: {}", "", escape_controls(e));
         }

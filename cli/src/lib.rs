@@ -1,15 +1,18 @@
 //! The `ratchet` command line: `main`, and what each command does. Its
 //! arguments are in `args.rs`, an error's line and exit code in `exit.rs`,
-//! what every command opens in `env.rs`, a worker's stop signal in
+//! what every command opens in `env.rs`, an operator's commands on a run in
+//! `operate.rs`, a worker's stop signal in
 //! `signal.rs`. Bad input gets one line on stderr and exit code 2; a failed
 //! audit exits 1.
 
 mod args;
 mod bench;
 mod demo;
+mod demo_map;
 mod env;
 mod exit;
 mod inspect;
+mod operate;
 mod relay;
 mod signal;
 
@@ -26,7 +29,6 @@ use exit::{exit_code, one_line};
 use signal::shutdown_signal;
 
 use ratchet_runtime::manifest::Pipeline;
-use ratchet_runtime::operator;
 use ratchet_runtime::registry;
 use ratchet_runtime::relay::RelayConfig;
 use ratchet_runtime::store::{PluginPutOutcome, RunSubmitOutcome};
@@ -137,7 +139,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
     }
     let env = Env::open(&cli).await?;
     match cli.command {
-        Command::Demo { runs } => demo::run(&env, runs).await,
+        Command::Demo {
+            map_reduce: true, ..
+        } => demo_map::run(&env).await,
+        Command::Demo { runs, .. } => demo::run(&env, runs).await,
         Command::Plugin(PluginCommand::Add { file, json }) => {
             let bytes = std::fs::read(&file)
                 .map_err(|e| BadInput(format!("cannot read `{}`: {e}", file.display())))?;
@@ -204,6 +209,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 &parsed,
                 input,
                 idempotency_key,
+                &env.limits,
                 env.clock.as_ref(),
             )
             .await?;
@@ -309,7 +315,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             let state = relay::parse_state(state.as_deref())?;
             relay::list(&env, run, state, json).await
         }
-        Command::Status { run, json } => inspect::status(&env, run.as_deref(), json).await,
+        Command::Status {
+            run,
+            elements,
+            json,
+        } => inspect::status(&env, run.as_deref(), elements, json).await,
         Command::Artifacts {
             run,
             artifact,
@@ -338,57 +348,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             println!("stage `{stage}` of run {run} now runs version {to} ({digest})");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Cancel {
-            run,
-            reason,
-            by,
-            json,
-        } => {
-            let by = by.unwrap_or_else(operator::os_user);
-            let (in_flight, waiting) =
-                operator::run_cancel(env.store.as_ref(), &run, reason, by, env.clock.as_ref())
-                    .await?;
-            if json {
-                let doc = serde_json::json!({
-                    "run": run, "state": "cancelled", "in_flight": in_flight, "waiting": waiting,
-                });
-                return inspect::print_json(&doc);
-            } else {
-                println!(
-                    "run {run} cancelled: {in_flight} attempt(s) in flight fenced out, {waiting} stage(s) will not start"
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Retry {
-            run,
-            stage,
-            fresh,
-            by,
-            json,
-        } => {
-            let by = by.unwrap_or_else(operator::os_user);
-            let retried = operator::run_retry(
-                env.store.as_ref(),
-                &run,
-                stage,
-                fresh,
-                by,
-                env.clock.as_ref(),
-            )
-            .await?;
-            if json {
-                return inspect::print_json(&serde_json::json!({ "run": run, "retried": retried }));
-            } else {
-                println!(
-                    "run {run} is running again (generation {}): {} resumed; {} journaled model answer(s) discarded",
-                    retried.generation,
-                    retried.stages.join(", "),
-                    retried.journal_discarded
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        command @ (Command::Cancel { .. }
+        | Command::Retry { .. }
+        | Command::Approve { .. }
+        | Command::Reject { .. }) => operate::run(&env, command).await,
         Command::Bench { .. } => Err(anyhow::anyhow!(
             "`bench` runs on scratch databases and is dispatched before `--db` is opened"
         )),

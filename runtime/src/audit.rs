@@ -290,7 +290,7 @@ impl RunAudit<'_> {
             successes.entry(a.job_id).or_default().push(a.attempt);
         }
         let outbox: HashSet<&str> = page.outbox.iter().map(|o| o.dedup_key.as_str()).collect();
-        // stage -> the attempt that succeeded
+        // stage -> the attempt that succeeded (or decided a rejected gate)
         let mut winners = HashMap::new();
         for job in &page.jobs {
             let (run, stage) = (job.run_id.as_str(), job.stage.as_str());
@@ -338,8 +338,23 @@ impl RunAudit<'_> {
                     }
                 }
             }
+            if job.gate.is_some() && job.state == JobState::Dead {
+                // A rejected gate: its deciding attempt stored the decision.
+                winners.insert(job.stage.clone(), job.attempt);
+            }
+            if job.state == JobState::Awaiting && job.gate.is_none() {
+                self.push(
+                    CONTINUATION,
+                    stage,
+                    "awaits a decision, but it runs a plugin: no one will decide it".into(),
+                );
+            }
             let open = incoming.get(stage).map_or(0, |i| i.unsatisfied);
-            if matches!(job.state, JobState::Ready | JobState::Running) && open > 0 {
+            let started = matches!(
+                job.state,
+                JobState::Ready | JobState::Running | JobState::Awaiting
+            );
+            if started && open > 0 {
                 self.push(
                     DEPENDENCY,
                     stage,

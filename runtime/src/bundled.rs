@@ -22,8 +22,9 @@ pub const PLUGINS: [(&str, &[u8]); 4] = [
 ];
 
 /// The trivial stages `ratchet bench` runs: `pass` (input `in` to output
-/// `out`) and `noop` (no inputs, output `out`).
-pub const BENCH_PLUGINS: [(&str, &[u8]); 2] = [
+/// `out`), `noop` (no inputs, output `out`) and `split` (a text's
+/// paragraphs, to map over).
+pub const BENCH_PLUGINS: [(&str, &[u8]); 3] = [
     (
         "pass",
         include_bytes!(concat!(env!("OUT_DIR"), "/plugins/pass.wasm")),
@@ -32,7 +33,34 @@ pub const BENCH_PLUGINS: [(&str, &[u8]); 2] = [
         "noop",
         include_bytes!(concat!(env!("OUT_DIR"), "/plugins/noop.wasm")),
     ),
+    (
+        "split",
+        include_bytes!(concat!(env!("OUT_DIR"), "/plugins/split.wasm")),
+    ),
 ];
+
+/// The map-reduce example's plugins (`ratchet demo --map-reduce`).
+pub const MAP_REDUCE_PLUGINS: [(&str, &[u8]); 4] = [
+    (
+        "split",
+        include_bytes!(concat!(env!("OUT_DIR"), "/plugins/split.wasm")),
+    ),
+    (
+        "summarise",
+        include_bytes!(concat!(env!("OUT_DIR"), "/plugins/summarise.wasm")),
+    ),
+    (
+        "join",
+        include_bytes!(concat!(env!("OUT_DIR"), "/plugins/join.wasm")),
+    ),
+    (
+        "publish",
+        include_bytes!(concat!(env!("OUT_DIR"), "/plugins/publish.wasm")),
+    ),
+];
+
+/// The map-reduce example pipeline (`plugins/map-reduce.toml`).
+pub const MAP_REDUCE_PIPELINE: &str = include_str!("../../plugins/map-reduce.toml");
 
 /// The demo pipeline (`plugins/demo.toml`).
 pub const DEMO_PIPELINE: &str = include_str!("../../plugins/demo.toml");

@@ -9,12 +9,15 @@
 
 /// Every crash point, in the order an attempt passes them, the fault
 /// point `commit_ack_lost` ([`ack_lost`]), then the relay's.
-pub const CRASH_POINTS: [&str; 9] = [
+pub const CRASH_POINTS: [&str; 10] = [
     "after_claim",
     "after_model_call",
     "after_execute",
     "after_persist",
     "after_outbox_insert",
+    // A map's elements and their jobs written, its transaction not yet
+    // committed (`store::map`).
+    "after_map_expand",
     "after_commit",
     "commit_ack_lost",
     // The relay's: before a delivery is sent, and after its sink

@@ -1,11 +1,14 @@
 //! What an operator does to a run, with the refusals told in one line each:
 //! cancel it, retry it from the stages that did not succeed
-//! (docs/job-states.md).
+//! (docs/job-states.md), decide its approval gates (docs/gates.md).
 
 use crate::clock::Clock;
 use crate::registry::RegistryError;
 pub use crate::store::Retried;
-use crate::store::{CancelOutcome, Intake, RetryOutcome, RunCancel, RunRetry, RunState};
+use crate::store::{
+    CancelOutcome, Decision, GateDecide, GateOutcome, Intake, JobState, RetryOutcome, RunCancel,
+    RunRetry, RunState, Verdict,
+};
 
 /// Who runs the command, as the OS tells: the default of `--by`.
 pub fn os_user() -> String {
@@ -76,8 +79,69 @@ pub async fn run_retry(
         RetryOutcome::NoSuchStage => refused(format!(
             "run `{run_id}` has no stage `{named}` (`ratchet status {run_id}` lists them)"
         )),
+        RetryOutcome::GateRejected { stage } => refused(format!(
+            "run `{run_id}` failed because gate `{stage}` was rejected, and a decision is final; submit a new run to ask again"
+        )),
+        RetryOutcome::MapFailed { stage } => refused(format!(
+            "run `{run_id}` failed because stage `{stage}` could not be mapped over its list (`ratchet status {run_id}` says why); the list is canonical, so a retry would fail the same way: submit a new run"
+        )),
         RetryOutcome::StageNotRetryable { state } => refused(format!(
             "stage `{named}` of run `{run_id}` is {}: its artifacts are kept and it does not run again; name a stage that did not succeed",
+            state.as_str()
+        )),
+    }
+}
+
+/// Decides the approval gate `stage` of a run; returns the decision
+/// recorded. A gate another decision reached first is refused with that
+/// decision: who, which, and their note.
+pub async fn gate_decide(
+    store: &(impl Intake + ?Sized),
+    run_id: &str,
+    stage: &str,
+    decision: Verdict,
+    by: String,
+    note: Option<String>,
+    clock: &dyn Clock,
+) -> Result<Decision, RegistryError> {
+    let decision = Decision {
+        decision,
+        by,
+        at_ms: clock.now_ms(),
+        note,
+    };
+    let outcome = store
+        .gate_decide(GateDecide {
+            run_id: run_id.to_string(),
+            stage: stage.to_string(),
+            decision: decision.clone(),
+        })
+        .await?;
+    let refused = |m: String| Err(RegistryError::Refused(m));
+    match outcome {
+        GateOutcome::Decided => Ok(decision),
+        GateOutcome::AlreadyDecided(won) => {
+            let note = won.note.map_or(String::new(), |n| format!(" ({n})"));
+            refused(format!(
+                "gate `{stage}` of run `{run_id}` was already {} by {}{note}; this decision was not recorded",
+                won.decision.as_str(),
+                won.by
+            ))
+        }
+        GateOutcome::NotFound => Err(no_run(run_id)),
+        GateOutcome::NoSuchStage => refused(format!(
+            "run `{run_id}` has no stage `{stage}` (`ratchet status {run_id}` lists them)"
+        )),
+        GateOutcome::NotAGate => refused(format!(
+            "stage `{stage}` of run `{run_id}` runs a plugin; only an approval gate (`approve = ...` in the pipeline) takes a decision"
+        )),
+        GateOutcome::NotAwaiting {
+            state: JobState::Blocked,
+        } => refused(format!(
+            "gate `{stage}` of run `{run_id}` is not awaiting a decision yet: the stages before it have not all succeeded"
+        )),
+        GateOutcome::NotAwaiting { state } => refused(format!(
+            "gate `{stage}` of run `{run_id}` is {} without a decision: its run ended first",
             state.as_str()
         )),
     }

@@ -4,12 +4,14 @@
 use std::collections::HashMap;
 
 use crate::clock::Clock;
-use crate::manifest::{ManifestError, Pipeline, PluginManifest, PluginResolver, ResolvedPlugin};
-use crate::plugin::{PluginError, PluginHost};
+use crate::manifest::{
+    ManifestError, Pipeline, PlannedWork, PluginManifest, PluginResolver, ResolvedPlugin,
+};
+use crate::plugin::{Caps, PluginError, PluginHost};
 use crate::store::{
-    Catalog, History, Intake, JobRepin, JobState, NewJob, PluginPut, PluginPutOutcome,
-    PluginSummary, PluginVersion, RepinOutcome, RunState, RunSubmit, RunSubmitOutcome, StoreError,
-    VersionKeyRange, version_key,
+    Catalog, History, Intake, JobRepin, JobState, MapSpec, NewJob, PluginPut, PluginPutOutcome,
+    PluginSummary, PluginVersion, RepinOutcome, RunState, RunSubmit, RunSubmitOutcome, StageWork,
+    StoreError, VersionKeyRange, version_key,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -201,12 +203,14 @@ impl PluginResolver for RegistrySnapshot {
 }
 
 /// Plans the pipeline against the registry, pins every stage's digest and
-/// writes the run, its jobs, edges and bindings in one transaction.
+/// writes the run, its jobs, edges and bindings in one transaction. A
+/// mapped stage's list may hold up to `caps.max_map_elements` elements.
 pub async fn run_submit(
     store: &(impl Catalog + Intake + ?Sized),
     pipeline: &Pipeline,
     input: Vec<u8>,
     idempotency_key: Option<String>,
+    caps: &Caps,
     clock: &dyn Clock,
 ) -> Result<RunSubmitOutcome, RegistryError> {
     let snapshot = RegistrySnapshot::load_for(store, pipeline).await?;
@@ -216,9 +220,20 @@ pub async fn run_submit(
         .iter()
         .map(|s| NewJob {
             stage: s.name.clone(),
-            plugin_digest: s.plugin.digest.clone(),
-            outputs: s.plugin.manifest.outputs.clone(),
-            emits: s.plugin.manifest.emits.clone(),
+            outputs: s.work.outputs(),
+            work: match &s.work {
+                PlannedWork::Plugin(p) => StageWork::Plugin(p.digest.clone()),
+                PlannedWork::Gate(gate) => StageWork::Gate(gate.clone()),
+            },
+            emits: match &s.work {
+                PlannedWork::Plugin(p) => p.manifest.emits.clone(),
+                PlannedWork::Gate(_) => Vec::new(),
+            },
+            map: s.map.as_ref().map(|(stage, output)| MapSpec {
+                stage: stage.clone(),
+                output: output.clone(),
+                cap: i64::try_from(caps.max_map_elements).unwrap_or(i64::MAX),
+            }),
             max_attempts: i64::from(s.max_attempts),
         })
         .collect();
@@ -314,7 +329,12 @@ pub async fn stage_upgrade(
             job.state.as_str()
         ));
     }
-    let current = store.plugin_get(&job.plugin_digest).await?.ok_or_else(|| {
+    let Some(pinned) = &job.plugin_digest else {
+        return refused(format!(
+            "stage `{stage}` of run `{run_id}` is an approval gate: it runs no plugin to upgrade"
+        ));
+    };
+    let current = store.plugin_get(pinned).await?.ok_or_else(|| {
         RegistryError::Refused(format!("stage `{stage}` is pinned to an unknown plugin"))
     })?;
     let from = PluginManifest::parse("pinned manifest", &current.summary.manifest)?;
@@ -350,13 +370,13 @@ pub async fn stage_upgrade(
         .job_repin(JobRepin {
             run_id: run_id.to_string(),
             stage: stage.to_string(),
-            from_digest: job.plugin_digest.clone(),
+            from_digest: pinned.clone(),
             to_digest: target.digest.clone(),
             emits: to_manifest.emits.clone(),
             after: to_manifest.after.clone(),
             detail: format!(
                 "stage `{stage}` upgraded from {}@{} ({}) to {}@{to} ({})",
-                from.name, from.version, job.plugin_digest, from.name, target.digest
+                from.name, from.version, pinned, from.name, target.digest
             ),
             now: clock.now_ms(),
         })
@@ -376,6 +396,9 @@ pub async fn stage_upgrade(
         }
         RepinOutcome::Journaled => refused(format!(
             "stage `{stage}` already journaled model answers under its pinned version; a new version would be replayed answers to other questions"
+        )),
+        RepinOutcome::Gate => refused(format!(
+            "stage `{stage}` of run `{run_id}` is an approval gate: it runs no plugin to upgrade"
         )),
         RepinOutcome::AfterRefused(reason) => refused(format!(
             "{}@{to} cannot replace the pinned version of `{stage}`: {reason}",

@@ -10,7 +10,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use ratchet_runtime::store::{EdgeKind, JobBatch, NewEdge, NewJob, RunSubmit};
+use ratchet_runtime::store::{EdgeKind, JobBatch, NewEdge, NewJob, RunSubmit, StageWork};
 
 use crate::{Harness, claim, completion, put_stand_in_plugin};
 
@@ -38,7 +38,8 @@ pub async fn commit_chains(
             .enumerate()
             .map(|(i, event)| NewJob {
                 stage: format!("s{i}"),
-                plugin_digest: "p".into(),
+                work: StageWork::Plugin("p".into()),
+                map: None,
                 outputs: vec!["out".into()],
                 emits: vec![event.to_string()],
                 max_attempts: 1,

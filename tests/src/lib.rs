@@ -21,7 +21,7 @@ use ratchet_runtime::bundled::PLUGIN_DIR;
 use ratchet_runtime::clock::{Clock, SystemClock};
 use ratchet_runtime::llm::{ModelBackend, StochasticModel};
 use ratchet_runtime::manifest::Pipeline;
-use ratchet_runtime::plugin::{HostConfig, PluginHost};
+use ratchet_runtime::plugin::{Caps, HostConfig, PluginHost};
 use ratchet_runtime::registry;
 use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
 use ratchet_runtime::store::{self, JobState, RunState, Store};
@@ -221,6 +221,7 @@ impl Harness {
             &pipeline,
             input.to_vec(),
             None,
+            &Caps::default(),
             self.clock.as_ref(),
         )
         .await

@@ -385,6 +385,40 @@ async fn cancel_and_retry_from_the_command_line() {
     );
 }
 
+/// An approval gate decided from the command line: `status` shows what it
+/// asks, `approve` records who and why, a second decision is told which
+/// won, and deciding a plugin stage is bad input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approve_and_reject_from_the_command_line() {
+    let h = Harness::new().await;
+    let url = h.url.as_str();
+    h.register(&["noop"]).await;
+    let pipeline = "name = \"gated\"\n[[stage]]\nname = \"a\"\nplugin = \"noop@^1\"\n\
+                    [[stage]]\nname = \"ok\"\napprove = \"Ship it?\"\nafter = [\"a\"]\n";
+    let run = h.submit(pipeline, b"").await;
+    assert_bad_input(&cli(url, &["approve", &run, "ok"]).await, "not awaiting");
+    h.run_until_idle(1).await;
+    let shown = stdout(&cli(url, &["status", &run]).await);
+    assert!(shown.contains("awaits a decision: Ship it?"), "{shown}");
+    assert_bad_input(&cli(url, &["reject", &run, "a"]).await, "runs a plugin");
+
+    let args = [
+        "approve", &run, "ok", "--by", "alice", "--note", "fine", "--json",
+    ];
+    let approved = cli(url, &args).await;
+    assert!(approved.status.success(), "{approved:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&approved.stdout).expect("json");
+    assert_eq!(
+        (&doc["decision"]["decision"], &doc["decision"]["by"]),
+        (&"approved".into(), &"alice".into())
+    );
+    assert_bad_input(
+        &cli(url, &["reject", &run, "ok", "--by", "bob"]).await,
+        "already approved by alice (fine)",
+    );
+    assert_eq!(h.run_state(&run).await, "succeeded");
+}
+
 /// What a program reads: each command that reports something prints one
 /// JSON document with `--json`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

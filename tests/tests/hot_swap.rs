@@ -112,7 +112,7 @@ async fn live_pick_up(backend: Backend) {
             .find(|a| a.stage == "draft")
             .expect("draft")
             .plugin_digest,
-        v2
+        Some(v2)
     );
     h.assert_demo_run_converged(&before).await;
     h.assert_demo_run_converged(&after).await;
@@ -170,7 +170,7 @@ async fn retry_keeps_the_pin(backend: Backend) {
         assert!(
             attempts
                 .iter()
-                .all(|a| a.stage != "draft" || a.plugin_digest == v1),
+                .all(|a| a.stage != "draft" || a.plugin_digest.as_ref() == Some(&v1)),
             "{point}"
         );
         h.assert_demo_run_converged(&run).await;
@@ -403,7 +403,11 @@ async fn submit_reads_what_it_resolves(backend: Backend) {
     let jobs = h.store.job_list(&run).await.expect("jobs");
     let draft = jobs.iter().find(|j| j.stage == "draft").expect("draft");
     assert!(
-        !draft.plugin_digest.starts_with("draft-"),
+        !draft
+            .plugin_digest
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("draft-"),
         "pinned to 1.0.0"
     );
 }

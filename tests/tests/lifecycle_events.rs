@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ratchet_runtime::clock::SystemClock;
-use ratchet_runtime::store::{EdgeKind, JobBatch, NewEdge, NewJob, OutboxRow, RunSubmit};
+use ratchet_runtime::store::{
+    EdgeKind, JobBatch, NewEdge, NewJob, OutboxRow, RunSubmit, StageWork,
+};
 use ratchet_tests::{Backend, DEMO_PLUGINS, Harness, claim, completion, put_stand_in_plugin};
 
 ratchet_tests::backend_tests! {
@@ -118,7 +120,8 @@ async fn a_runs_events_take_their_ids_in_the_order_its_transactions_commit() {
     put_stand_in_plugin(h.store.as_ref(), now).await;
     let job = |stage: &str| NewJob {
         stage: stage.into(),
-        plugin_digest: "p".into(),
+        work: StageWork::Plugin("p".into()),
+        map: None,
         outputs: vec!["out".into()],
         emits: vec!["x.done".into()],
         max_attempts: 1,

@@ -21,7 +21,7 @@
 use ratchet_runtime::clock::{Clock, SystemClock};
 use ratchet_runtime::store::{
     CheckpointStats, ClaimedJob, History, Intake, JobBatch, JobClaim, JobComplete, NewJob, Payload,
-    Queue, RunSubmit, SqliteStore,
+    Queue, RunSubmit, SqliteStore, StageWork,
 };
 use ratchet_tests::{BOUND, Harness, claim, completion, stages};
 
@@ -45,7 +45,8 @@ async fn the_wal_is_copied_back_beside_the_writer_not_by_a_commit() {
     let jobs = (0..1_000)
         .map(|i| NewJob {
             stage: format!("stage-{i}"),
-            plugin_digest: "p".into(),
+            work: StageWork::Plugin("p".into()),
+            map: None,
             outputs: vec!["out".into()],
             emits: vec![],
             max_attempts: 3,

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::store::{
     CompleteOutcome, EdgeKind, History, JobBatch, JobClaim, JobState, NewEdge, NewJob,
-    PostgresStore, Queue, RUN_INPUT_STAGE, RunSubmit,
+    PostgresStore, Queue, RUN_INPUT_STAGE, RunSubmit, StageWork,
 };
 use ratchet_tests::{Backend, Harness, claim, completion, stages};
 
@@ -56,7 +56,8 @@ async fn fan_in(h: &Harness, now: i64) -> String {
     ratchet_tests::put_stand_in_plugin(h.store.as_ref(), now).await;
     let job = |stage: &str| NewJob {
         stage: stage.into(),
-        plugin_digest: "p".into(),
+        work: StageWork::Plugin("p".into()),
+        map: None,
         outputs: vec!["out".into()],
         emits: vec![format!("{stage}.done")],
         max_attempts: 3,

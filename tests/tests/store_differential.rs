@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::store::{
     ClaimedJob, EdgeKind, InputBinding, JobClaim, JobComplete, JobFail, NewEdge, NewJob, Payload,
-    RunSubmit, Store,
+    RunSubmit, StageWork, Store,
 };
 use ratchet_tests::{Backend, Harness};
 use serde_json::{Value, json};
@@ -24,7 +24,8 @@ const STEPS: usize = 300;
 fn submit(n: usize, now: i64) -> RunSubmit {
     let job = |stage: &str| NewJob {
         stage: stage.into(),
-        plugin_digest: "p".into(),
+        work: StageWork::Plugin("p".into()),
+        map: None,
         outputs: vec!["out".into()],
         emits: if stage == "b" {
             vec!["b.done".into()]

@@ -98,6 +98,7 @@ async fn bounded_batches(backend: Backend) {
             pending_repaired: drifting as u64,
             edges_repaired: 0,
             runs_finished: 0,
+            gates_timed_out: 0,
             transactions: 2 + 3,
         }
     );

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::manifest::Pipeline;
+use ratchet_runtime::plugin::Caps;
 use ratchet_runtime::registry;
 use ratchet_runtime::store::JobState;
 use ratchet_tests::{Backend, DEMO_PLUGINS, Harness};
@@ -66,12 +67,14 @@ async fn idempotency_key(backend: Backend) {
     h.register(&DEMO_PLUGINS).await;
     let pipeline =
         Pipeline::parse("demo.toml", ratchet_runtime::bundled::DEMO_PIPELINE).expect("parse");
+    let caps = Caps::default();
     let submit = || {
         registry::run_submit(
             h.store.as_ref(),
             &pipeline,
             b"x".to_vec(),
             Some("key-1".into()),
+            &caps,
             h.clock.as_ref(),
         )
     };

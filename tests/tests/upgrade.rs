@@ -59,7 +59,7 @@ async fn journaled_meanwhile(backend: Backend) {
         .job_repin(JobRepin {
             run_id: run.clone(),
             stage: "draft".into(),
-            from_digest: draft.plugin_digest.clone(),
+            from_digest: draft.plugin_digest.clone().expect("a plugin stage"),
             to_digest: v2.digest.clone(),
             emits: Vec::new(),
             after: Vec::new(),

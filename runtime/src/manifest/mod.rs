@@ -2,6 +2,7 @@
 //! the file and line and say how to fix it.
 
 mod pipeline;
+mod stages;
 
 use std::fmt;
 
@@ -10,7 +11,9 @@ use toml::Spanned;
 
 use crate::text::escape_controls;
 
-pub use pipeline::{Pipeline, Plan, PlannedStage, PluginResolver, ResolvedPlugin, StageDecl};
+pub use pipeline::{
+    Pipeline, Plan, PlannedStage, PlannedWork, PluginResolver, ResolvedPlugin, StageDecl,
+};
 
 /// A manifest or pipeline problem, located in its source.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::stages::{check_bindings, check_work, parse_plugin_ref};
 use super::{ManifestError, PluginManifest, Source, check_name};
 use crate::graph::{EdgeKind, InputBinding, NewEdge, RUN_INPUT_OUTPUT, RUN_INPUT_STAGE};
+use crate::store::{GATE_OUTPUT, GateSpec};
 
 /// The binding that names the run's submitted input.
 pub const RUN_INPUT_REF: &str = "$input";
@@ -29,8 +31,21 @@ struct RawPipeline {
 #[serde(deny_unknown_fields)]
 pub struct StageDecl {
     pub name: Spanned<String>,
-    /// `NAME@REQ`, e.g. `draft@^1`; a bare name means any version.
-    pub plugin: Spanned<String>,
+    /// `NAME@REQ`, e.g. `draft@^1`; a bare name means any version. A stage
+    /// names a plugin or is an approval gate (`approve`).
+    #[serde(default)]
+    pub plugin: Option<Spanned<String>>,
+    /// An approval gate: what its approver is asked to check. It runs no
+    /// plugin; its one output is its decision ([`GATE_OUTPUT`]).
+    #[serde(default)]
+    pub approve: Option<Spanned<String>>,
+    /// A gate rejects itself this many seconds after it began to await.
+    #[serde(default)]
+    pub timeout_s: Option<Spanned<u64>>,
+    /// `STAGE.OUTPUT`, a JSON array: the stage runs once per element, and
+    /// its inputs bound to that output receive the element.
+    #[serde(default)]
+    pub map: Option<Spanned<String>>,
     /// Input name -> `STAGE.OUTPUT`, or `$input` for the run's input.
     #[serde(default)]
     pub inputs: BTreeMap<Spanned<String>, Spanned<String>>,
@@ -74,9 +89,28 @@ pub struct Plan {
 #[derive(Debug, Clone)]
 pub struct PlannedStage {
     pub name: String,
-    /// Shared by every stage that names the same plugin and requirement.
-    pub plugin: Arc<ResolvedPlugin>,
+    pub work: PlannedWork,
+    /// The `(stage, output)` it maps over, if it does.
+    pub map: Option<(String, String)>,
     pub max_attempts: u32,
+}
+
+/// What a planned stage runs.
+#[derive(Debug, Clone)]
+pub enum PlannedWork {
+    /// Shared by every stage that names the same plugin and requirement.
+    Plugin(Arc<ResolvedPlugin>),
+    Gate(GateSpec),
+}
+
+impl PlannedWork {
+    /// The outputs the stage's job stores.
+    pub fn outputs(&self) -> Vec<String> {
+        match self {
+            PlannedWork::Plugin(p) => p.manifest.outputs.clone(),
+            PlannedWork::Gate(_) => vec![GATE_OUTPUT.to_string()],
+        }
+    }
 }
 
 impl Pipeline {
@@ -99,6 +133,7 @@ impl Pipeline {
                     ),
                 ));
             }
+            check_work(&src, stage)?;
             for attempts in stage.max_attempts.iter().chain(&raw.max_attempts) {
                 if *attempts.get_ref() == 0 {
                     return Err(src.at(attempts, "max_attempts must be at least 1"));
@@ -130,8 +165,8 @@ impl Pipeline {
             text: &self.text,
         };
         let mut refs = Vec::new();
-        for stage in &self.raw.stage {
-            if let Ok(r) = parse_plugin_ref(&src, &stage.plugin)
+        for plugin in self.raw.stage.iter().filter_map(|s| s.plugin.as_ref()) {
+            if let Ok(r) = parse_plugin_ref(&src, plugin)
                 && !refs.contains(&r)
             {
                 refs.push(r);
@@ -148,39 +183,36 @@ impl Pipeline {
         // Each plugin reference is resolved once, however many stages name
         // it (a fan-out names one thousands of times).
         let mut by_ref: HashMap<&str, Arc<ResolvedPlugin>> = HashMap::new();
-        let mut resolved: HashMap<&str, Arc<ResolvedPlugin>> = HashMap::new();
+        let mut resolved: HashMap<&str, Option<Arc<ResolvedPlugin>>> = HashMap::new();
         for stage in &self.raw.stage {
-            let reference = stage.plugin.get_ref().as_str();
-            let plugin = match by_ref.get(reference) {
+            let Some(spec) = &stage.plugin else {
+                resolved.insert(stage.name.get_ref().as_str(), None);
+                continue;
+            };
+            let plugin = match by_ref.get(spec.get_ref().as_str()) {
                 Some(plugin) => plugin.clone(),
                 None => {
-                    let (name, req) = parse_plugin_ref(&src, &stage.plugin)?;
+                    let (name, req) = parse_plugin_ref(&src, spec)?;
                     let plugin = resolver
                         .resolve(&name, &req)
-                        .map_err(|message| src.at(&stage.plugin, message))?;
-                    by_ref.entry(reference).or_insert(Arc::new(plugin)).clone()
+                        .map_err(|message| src.at(spec, message))?;
+                    by_ref
+                        .entry(spec.get_ref())
+                        .or_insert(Arc::new(plugin))
+                        .clone()
                 }
             };
-            resolved.insert(stage.name.get_ref().as_str(), plugin);
+            resolved.insert(stage.name.get_ref().as_str(), Some(plugin));
         }
 
         let mut edges = BTreeSet::new();
         let mut inputs = Vec::new();
+        let mut maps: HashMap<&str, (String, String)> = HashMap::new();
         for stage in &self.raw.stage {
             let me = stage.name.get_ref();
-            let manifest = &resolved[me.as_str()].manifest;
+            let plugin = resolved[me.as_str()].as_deref();
+            check_bindings(&src, stage, plugin.map(|p| &p.manifest))?;
             for (input, source) in &stage.inputs {
-                if !manifest.inputs.contains(input.get_ref()) {
-                    return Err(src.at(
-                        input,
-                        format!(
-                            "stage `{me}` binds input `{}`, but plugin `{}` declares inputs [{}]; remove the binding or fix its name",
-                            input.get_ref(),
-                            manifest.name,
-                            manifest.inputs.join(", ")
-                        ),
-                    ));
-                }
                 let (from_stage, from_output) = self.resolve_source(&src, me, source, &resolved)?;
                 if from_stage != RUN_INPUT_STAGE {
                     edges.insert(NewEdge {
@@ -196,18 +228,13 @@ impl Pipeline {
                     from_output,
                 });
             }
-            for declared in &manifest.inputs {
-                if !stage.inputs.keys().any(|k| k.get_ref() == declared) {
-                    return Err(src.at(
-                        &stage.name,
-                        format!(
-                            "stage `{me}` does not bind input `{declared}` that plugin `{}` needs; add `inputs = {{ {declared} = \"STAGE.OUTPUT\" }}`",
-                            manifest.name
-                        ),
-                    ));
-                }
+            if let Some(list) = &stage.map {
+                maps.insert(me.as_str(), self.resolve_map(&src, stage, list, &resolved)?);
             }
-            let from_manifest = manifest.after.iter().map(|a| (a.as_str(), &stage.plugin));
+            let from_manifest = plugin
+                .zip(stage.plugin.as_ref())
+                .into_iter()
+                .flat_map(|(p, at)| p.manifest.after.iter().map(move |a| (a.as_str(), at)));
             let from_pipeline = stage.after.iter().map(|a| (a.get_ref().as_str(), a));
             for (dep, at) in from_manifest.chain(from_pipeline) {
                 if !resolved.contains_key(dep) {
@@ -238,7 +265,19 @@ impl Pipeline {
             .iter()
             .map(|s| PlannedStage {
                 name: s.name.get_ref().clone(),
-                plugin: resolved[s.name.get_ref().as_str()].clone(),
+                map: maps.remove(s.name.get_ref().as_str()),
+                work: match (&resolved[s.name.get_ref().as_str()], &s.approve) {
+                    (Some(plugin), _) => PlannedWork::Plugin(plugin.clone()),
+                    (None, question) => PlannedWork::Gate(GateSpec {
+                        question: question
+                            .as_ref()
+                            .map(|q| q.get_ref().clone())
+                            .unwrap_or_default(),
+                        timeout_ms: s.timeout_s.as_ref().map(|t| {
+                            i64::try_from(t.get_ref().saturating_mul(1000)).unwrap_or(i64::MAX)
+                        }),
+                    }),
+                },
                 max_attempts: s
                     .max_attempts
                     .as_ref()
@@ -260,7 +299,7 @@ impl Pipeline {
         src: &Source<'_>,
         me: &str,
         source: &Spanned<String>,
-        resolved: &HashMap<&str, Arc<ResolvedPlugin>>,
+        resolved: &HashMap<&str, Option<Arc<ResolvedPlugin>>>,
     ) -> Result<(String, String), ManifestError> {
         let text = source.get_ref();
         if text == RUN_INPUT_REF {
@@ -284,17 +323,59 @@ impl Pipeline {
                 format!("stage `{me}` cannot consume its own output"),
             ));
         }
-        if !upstream.manifest.outputs.iter().any(|o| o == output) {
+        match upstream {
+            Some(plugin) if !plugin.manifest.outputs.iter().any(|o| o == output) => {
+                return Err(src.at(
+                    source,
+                    format!(
+                        "stage `{stage}` has no output `{output}` (plugin `{}` outputs [{}])",
+                        plugin.manifest.name,
+                        plugin.manifest.outputs.join(", ")
+                    ),
+                ));
+            }
+            None if output != GATE_OUTPUT => {
+                return Err(src.at(
+                    source,
+                    format!(
+                        "stage `{stage}` is an approval gate: its one output is `{GATE_OUTPUT}` (write \"{stage}.{GATE_OUTPUT}\")"
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        Ok((stage.to_string(), output.to_string()))
+    }
+
+    /// The list a stage maps over: an upstream stage's output, which at
+    /// least one of its inputs is bound to (those receive the element).
+    fn resolve_map(
+        &self,
+        src: &Source<'_>,
+        stage: &StageDecl,
+        list: &Spanned<String>,
+        resolved: &HashMap<&str, Option<Arc<ResolvedPlugin>>>,
+    ) -> Result<(String, String), ManifestError> {
+        let me = stage.name.get_ref();
+        if list.get_ref() == RUN_INPUT_REF {
             return Err(src.at(
-                source,
+                list,
+                format!("stage `{me}` maps over the run's input; map over an upstream stage's output (\"STAGE.OUTPUT\"), e.g. a stage that splits the input"),
+            ));
+        }
+        let source = self.resolve_source(src, me, list, resolved)?;
+        let bound = stage.inputs.values().any(|s| s.get_ref() == list.get_ref());
+        if !bound {
+            return Err(src.at(
+                list,
                 format!(
-                    "stage `{stage}` has no output `{output}` (plugin `{}` outputs [{}])",
-                    upstream.manifest.name,
-                    upstream.manifest.outputs.join(", ")
+                    "stage `{me}` maps over `{}`, but no input is bound to it; bind the input that takes one element, e.g. `inputs = {{ item = \"{}\" }}`",
+                    list.get_ref(),
+                    list.get_ref()
                 ),
             ));
         }
-        Ok((stage.to_string(), output.to_string()))
+        Ok(source)
     }
 
     /// Kahn's algorithm; on a cycle, names its stages in order.
@@ -375,68 +456,6 @@ impl Pipeline {
     }
 }
 
-fn parse_plugin_ref(
-    src: &Source<'_>,
-    spec: &Spanned<String>,
-) -> Result<(String, semver::VersionReq), ManifestError> {
-    let text = spec.get_ref();
-    let (name, req) = text.split_once('@').unwrap_or((text, "*"));
-    if !super::is_valid_name(name) {
-        return Err(src.at(
-            spec,
-            format!("plugin `{text}` must be written NAME@VERSION_REQ, e.g. \"draft@^1\""),
-        ));
-    }
-    let req = semver::VersionReq::parse(req).map_err(|e| {
-        src.at(spec, format!("version requirement `{req}` of plugin `{name}` is invalid ({e}); e.g. \"^1\" or \"=1.2.0\""))
-    })?;
-    Ok((name.to_string(), req))
-}
-
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use super::*;
-
-    /// Resolves `pass` and counts how often it was asked.
-    #[derive(Default)]
-    struct Counting(AtomicUsize);
-
-    impl PluginResolver for Counting {
-        fn resolve(&self, name: &str, _: &semver::VersionReq) -> Result<ResolvedPlugin, String> {
-            self.0.fetch_add(1, Ordering::SeqCst);
-            let manifest = PluginManifest::parse(
-                "pass manifest",
-                &format!("name = \"{name}\"\nversion = \"1.0.0\"\ninputs = [\"in\"]\noutputs = [\"out\"]\n"),
-            )
-            .map_err(|e| e.to_string())?;
-            Ok(ResolvedPlugin {
-                digest: format!("{name}-digest"),
-                manifest,
-            })
-        }
-    }
-
-    /// A fan-out names one plugin once per stage: each stage resolved (and
-    /// cloned) it again, a tenth of submitting a 500-stage run.
-    #[test]
-    fn stages_naming_the_same_plugin_share_one_resolution() {
-        let mut text = String::from("name = \"fan\"\n");
-        for i in 0..50 {
-            text.push_str(&format!(
-                "[[stage]]\nname = \"s{i}\"\nplugin = \"pass@^1\"\ninputs = {{ in = \"$input\" }}\n"
-            ));
-        }
-        text.push_str(
-            "[[stage]]\nname = \"t\"\nplugin = \"pass@=1.0.0\"\ninputs = { in = \"s0.out\" }\n",
-        );
-        let pipeline = Pipeline::parse("fan.toml", &text).expect("parse");
-        let resolver = Counting::default();
-        let plan = pipeline.plan(&resolver).expect("plan");
-        assert_eq!(resolver.0.load(Ordering::SeqCst), 2, "once per reference");
-        assert_eq!(plan.stages.len(), 51);
-        assert!(Arc::ptr_eq(&plan.stages[0].plugin, &plan.stages[49].plugin));
-        assert_eq!(plan.edges.len(), 1);
-    }
-}
+#[path = "pipeline_tests.rs"]
+mod tests;

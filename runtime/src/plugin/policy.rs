@@ -46,6 +46,9 @@ pub struct Caps {
     pub memory_mb: u64,
     pub max_output_bytes: u64,
     pub max_host_calls: u64,
+    /// The most elements a list may hold for a stage to be mapped over it
+    /// (recorded in each run when it is submitted).
+    pub max_map_elements: u64,
 }
 
 impl Default for Caps {
@@ -55,6 +58,7 @@ impl Default for Caps {
             memory_mb: 4096,
             max_output_bytes: 256 * 1024 * 1024,
             max_host_calls: 10_000_000,
+            max_map_elements: 10_000,
         }
     }
 }

@@ -17,13 +17,15 @@ use super::{
 struct ControlledJob {
     stage: String,
     state: JobState,
+    is_gate: bool,
+    is_map: bool,
 }
 
 /// The statements of a cancel or a retry, inside one open transaction.
 pub(crate) trait ControlTx {
-    /// Every job of the run as `(stage, state)`, rows locked in id order
-    /// where the backend locks rows.
-    async fn jobs_lock(&mut self, run_id: &str) -> Result<Vec<(String, String)>>;
+    /// Every job of the run as `(stage, state, is a gate, maps over a
+    /// list)`, rows locked in id order where the backend locks rows.
+    async fn jobs_lock(&mut self, run_id: &str) -> Result<Vec<(String, String, bool, bool)>>;
     /// The run's state, its row locked likewise.
     async fn run_lock(&mut self, run_id: &str) -> Result<Option<String>>;
     /// The running attempts of the run's running jobs ended `cancelled`
@@ -38,9 +40,11 @@ pub(crate) trait ControlTx {
     async fn run_cancel(&mut self, run_id: &str, now: i64) -> Result<()>;
     /// Each dead or cancelled job of the run waits again: its limit raised
     /// by one budget of attempts past the attempts it made, `pending`
-    /// counted afresh from its unsatisfied edges, `ready` (due now) when
-    /// there are none, else `blocked`. Returns the stages.
-    async fn jobs_resume(&mut self, run_id: &str, now: i64) -> Result<Vec<String>>;
+    /// counted afresh from its unsatisfied edges, released (due now) when
+    /// there are none, else `blocked`. Returns each `(stage, state)`.
+    async fn jobs_resume(&mut self, run_id: &str, now: i64) -> Result<Vec<(String, String)>>;
+    /// Expands or joins these stages, which map over a list (`store::map`).
+    async fn maps_advance(&mut self, run_id: &str, stages: Vec<String>, now: i64) -> Result<()>;
     /// Drops the journaled model answers of these stages; returns how many.
     async fn journal_discard(&mut self, run_id: &str, stages: &[String]) -> Result<u64>;
     /// The run `running` again in its next generation; returns it.
@@ -73,7 +77,7 @@ pub(crate) async fn cancel(tx: &mut impl ControlTx, c: &RunCancel) -> Result<Can
     }
     let count = |states: &[JobState]| jobs.iter().filter(|j| states.contains(&j.state)).count();
     let in_flight = count(&[JobState::Running]) as u64;
-    let waiting = count(&[JobState::Blocked, JobState::Ready]) as u64;
+    let waiting = count(&[JobState::Blocked, JobState::Ready, JobState::Awaiting]) as u64;
     let error = cancelled_in_flight(c.reason.as_deref());
     tx.attempts_cancel(&c.run_id, &error, c.now).await?;
     tx.jobs_cancel(&c.run_id, c.now).await?;
@@ -109,7 +113,25 @@ pub(crate) async fn retry(tx: &mut impl ControlTx, r: &RunRetry) -> Result<Retry
             Some(_) => {}
         }
     }
-    let mut stages = tx.jobs_resume(&r.run_id, r.now).await?;
+    // A decision is the gate's canonical artifact: a rejected gate stays
+    // rejected, and so does its run.
+    if let Some(gate) = jobs.iter().find(|j| j.is_gate && j.state == JobState::Dead) {
+        return Ok(RetryOutcome::GateRejected {
+            stage: gate.stage.clone(),
+        });
+    }
+    if let Some(map) = jobs.iter().find(|j| j.is_map && j.state == JobState::Dead) {
+        return Ok(RetryOutcome::MapFailed {
+            stage: map.stage.clone(),
+        });
+    }
+    let resumed = tx.jobs_resume(&r.run_id, r.now).await?;
+    let mapping = resumed
+        .iter()
+        .filter(|(_, state)| state == JobState::Mapping.as_str())
+        .map(|(stage, _)| stage.clone())
+        .collect();
+    let mut stages: Vec<String> = resumed.into_iter().map(|(stage, _)| stage).collect();
     stages.sort();
     let journal_discarded = match (&r.stage, r.fresh) {
         (_, false) => 0,
@@ -120,6 +142,7 @@ pub(crate) async fn retry(tx: &mut impl ControlTx, r: &RunRetry) -> Result<Retry
         (None, true) => tx.journal_discard(&r.run_id, &stages).await?,
     };
     let generation = tx.run_resume(&r.run_id).await?;
+    tx.maps_advance(&r.run_id, mapping, r.now).await?;
     let from = r
         .stage
         .as_deref()
@@ -146,10 +169,15 @@ pub(crate) async fn retry(tx: &mut impl ControlTx, r: &RunRetry) -> Result<Retry
 async fn locked_jobs(tx: &mut impl ControlTx, run_id: &str) -> Result<Vec<ControlledJob>> {
     let rows = tx.jobs_lock(run_id).await?;
     rows.into_iter()
-        .map(|(stage, state)| {
+        .map(|(stage, state, is_gate, is_map)| {
             let state = JobState::parse(&state)
                 .ok_or_else(|| corrupt("jobs", format!("unknown job state `{state}`")))?;
-            Ok(ControlledJob { stage, state })
+            Ok(ControlledJob {
+                stage,
+                state,
+                is_gate,
+                is_map,
+            })
         })
         .collect()
 }

@@ -85,7 +85,7 @@ pub(crate) async fn end_lapsed_leases(tx: &mut impl FailTx, now: i64, limit: usi
 }
 
 /// Marks the job dead and fails its run (see the module documentation).
-async fn kill_job(
+pub(crate) async fn kill_job(
     tx: &mut impl FailTx,
     job_id: i64,
     run_id: &str,

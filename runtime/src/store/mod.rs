@@ -9,6 +9,9 @@ mod complete;
 mod control;
 mod deliveries;
 mod fail;
+mod gate;
+mod host;
+pub mod map;
 mod postgres;
 mod reconcile;
 mod registration;
@@ -149,6 +152,9 @@ macro_rules! impl_store {
             }
             async fn run_retry(&self, r: RunRetry) -> Result<RetryOutcome> {
                 control::retry(self, r).await
+            }
+            async fn gate_decide(&self, d: GateDecide) -> Result<GateOutcome> {
+                gate::decide(self, &d).await
             }
         }
 

@@ -11,8 +11,13 @@ use super::{JobRepin, RepinOutcome, Result};
 pub(crate) trait RepinTx {
     /// The run's state, its row locked where the backend locks rows.
     async fn run_state(&mut self, run_id: &str) -> Result<Option<String>>;
-    /// The job's `(state, plugin_digest)`, its row locked likewise.
-    async fn job_pin(&mut self, run_id: &str, stage: &str) -> Result<Option<(String, String)>>;
+    /// The job's `(state, plugin_digest)`, its row locked likewise (no
+    /// digest for an approval gate).
+    async fn job_pin(
+        &mut self,
+        run_id: &str,
+        stage: &str,
+    ) -> Result<Option<(String, Option<String>)>>;
     /// Whether the stage has journaled a model call in this run.
     async fn journaled(&mut self, run_id: &str, stage: &str) -> Result<bool>;
     /// The run's edges as `(from, to)`.
@@ -35,6 +40,9 @@ pub(crate) async fn repin(tx: &mut impl RepinTx, r: &JobRepin) -> Result<RepinOu
     let job = tx.job_pin(&r.run_id, &r.stage).await?;
     let (Some(run_state), Some((job_state, pinned))) = (run_state, job) else {
         return Ok(RepinOutcome::NotFound);
+    };
+    let Some(pinned) = pinned else {
+        return Ok(RepinOutcome::Gate);
     };
     if let Some(refused) = repin_refusal(&run_state, &job_state, &pinned, r) {
         return Ok(refused);

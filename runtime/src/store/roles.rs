@@ -76,6 +76,12 @@ pub trait Intake: Send + Sync {
     /// succeeded jobs and their artifacts stay as they are; the run is
     /// `running` in its next generation; the retry is in its history.
     async fn run_retry(&self, r: RunRetry) -> Result<RetryOutcome>;
+    /// Decides an awaiting approval gate in one transaction: the decision
+    /// stored canonical-first as the gate's `decision` artifact and its
+    /// attempt recorded; approved, the gate succeeds and releases the
+    /// stages after it; rejected, it dies and fails its run. A gate decided
+    /// already answers with the decision that won, and nothing is written.
+    async fn gate_decide(&self, d: GateDecide) -> Result<GateOutcome>;
 }
 
 /// The job queue the scheduler drives and the worker keeps in repair.

@@ -122,7 +122,14 @@ pub(crate) fn job_row(row: &impl RowExt) -> Result<JobRow> {
         id: row.int("id")?,
         run_id: row.text("run_id")?,
         stage: row.text("stage")?,
-        plugin_digest: row.text("plugin_digest")?,
+        plugin_digest: row.opt_text("plugin_digest")?,
+        gate: row.opt_text("gate")?,
+        gate_timeout_ms: row.opt_int("gate_timeout_ms")?,
+        map: row
+            .opt_text("map_stage")?
+            .zip(row.opt_text("map_output")?)
+            .map(|(stage, output)| format!("{stage}.{output}")),
+        map_count: row.opt_int("map_count")?,
         state: JobState::parse(&state)
             .ok_or_else(|| corrupt("jobs", format!("unknown state `{state}`")))?,
         pending: row.int("pending")?,
@@ -252,6 +259,33 @@ pub(crate) fn model_call(row: &impl RowExt) -> Result<ModelCall> {
     })
 }
 
+pub(crate) fn map_job(row: &impl RowExt) -> Result<crate::store::map::MapJob> {
+    let stage = row.text("stage")?;
+    let corrupt_map = || corrupt("jobs", format!("`{stage}` maps over a list but names none"));
+    Ok(crate::store::map::MapJob {
+        job_id: row.int("id")?,
+        run_id: row.text("run_id")?,
+        attempt: row.int("attempt")?,
+        source: (
+            row.opt_text("map_stage")?.ok_or_else(corrupt_map)?,
+            row.opt_text("map_output")?.ok_or_else(corrupt_map)?,
+        ),
+        cap: row.opt_int("map_cap")?.ok_or_else(corrupt_map)?,
+        count: row.opt_int("map_count")?,
+        outputs: json_list("jobs", &row.text("outputs")?)?,
+        stage,
+    })
+}
+
+pub(crate) fn stored_bytes(row: &impl RowExt) -> Result<crate::store::map::StoredBytes> {
+    Ok(crate::store::map::StoredBytes {
+        bytes: row.opt_blob("bytes")?.unwrap_or_default(),
+        media_type: row.text("media_type")?,
+        attempt: row.int("attempt")?,
+        plugin_digest: row.opt_text("plugin_digest")?,
+    })
+}
+
 pub(crate) fn attempt_row(row: &impl RowExt) -> Result<AttemptRow> {
     Ok(AttemptRow {
         job_id: row.int("job_id")?,
@@ -259,7 +293,7 @@ pub(crate) fn attempt_row(row: &impl RowExt) -> Result<AttemptRow> {
         run_id: row.text("run_id")?,
         stage: row.text("stage")?,
         worker: row.text("worker")?,
-        plugin_digest: row.text("plugin_digest")?,
+        plugin_digest: row.opt_text("plugin_digest")?,
         claim_seq: row.int("claim_seq")?,
         claimed_at: row.int("claimed_at")?,
         finished_at: row.opt_int("finished_at")?,

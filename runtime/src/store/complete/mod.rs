@@ -10,6 +10,7 @@ mod rows;
 
 use std::collections::HashMap;
 
+use super::map::{self, MapTx};
 use super::{
     ArtifactPut, CanonicalArtifact, CanonicalOutput, CompleteOutcome, JobComplete, Result,
     StoreError,
@@ -19,7 +20,7 @@ pub(crate) use rows::*;
 /// The steps of a batch of completions, inside one open transaction. Each
 /// takes every row of its step at once, so a batch costs the same number of
 /// round trips to the database whatever its size.
-pub(crate) trait CompletionTx {
+pub(crate) trait CompletionTx: MapTx {
     /// The job rows of the attempts that still hold their lease, locked in
     /// job id order where the backend locks rows (`attempts` is sorted by
     /// job id); an attempt left out is fenced out. Then the proposals of
@@ -39,11 +40,8 @@ pub(crate) trait CompletionTx {
     /// each of `s.from` satisfied. Then each dependent those edges point to
     /// loses them from its pending count, one per edge (on Postgres, rows
     /// locked in `(run, stage)` order). Returns the edges satisfied and the
-    /// `(run, stage)` of each dependent that became ready.
-    async fn record_success_and_release(
-        &mut self,
-        s: &Success<'_>,
-    ) -> Result<(Vec<EdgeSatisfied>, Vec<(String, String)>)>;
+    /// dependents released.
+    async fn record_success_and_release(&mut self, s: &Success<'_>) -> Result<Released>;
     /// Finishes each run (sorted by id) that has no job left to do.
     async fn runs_finish_if_done(&mut self, runs: &[&str], now: i64) -> Result<()>;
 }
@@ -69,12 +67,20 @@ pub(crate) async fn complete_many(
     crate::crash::point_per_attempt("after_persist", live.len());
     let success = success_of(batch, &live, &outputs_of);
     let now = success.now;
-    let (satisfied, ready) = tx.record_success_and_release(&success).await?;
+    let released = tx.record_success_and_release(&success).await?;
     crate::crash::point("after_outbox_insert");
-    let (released_by, runs) = releases_of(&live, &satisfied, &ready)?;
+    // A mapped stage released is reported as released: its elements are.
+    let ready: Vec<_> = released
+        .ready
+        .iter()
+        .chain(&released.mapping)
+        .cloned()
+        .collect();
+    let (released_by, runs) = releases_of(&live, &released.satisfied, &ready)?;
     if !runs.is_empty() {
         tx.runs_finish_if_done(&runs, now).await?;
     }
+    map::advance(tx, released.mapping, now).await?;
     Ok(outcomes(batch.len(), &live, outputs_of, released_by))
 }
 

@@ -67,6 +67,16 @@ pub(crate) struct EdgeSatisfied {
     pub to_stage: String,
 }
 
+/// What a success released: the edges it satisfied, and the `(run, stage)`
+/// of each dependent that became ready, or that maps over a list (to be
+/// expanded or joined in the same transaction, `store::map`).
+#[derive(Default)]
+pub(crate) struct Released {
+    pub satisfied: Vec<EdgeSatisfied>,
+    pub ready: Vec<(String, String)>,
+    pub mapping: Vec<(String, String)>,
+}
+
 /// The rows a batch's live attempts write once their outputs are stored.
 pub(crate) struct Success<'a> {
     pub outbox: Vec<OutboxPut<'a>>,

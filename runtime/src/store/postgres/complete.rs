@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::store::complete::{
-    self, AttemptKey, BatchOrder, CompletionTx, EdgeSatisfied, Fenced, Proposal, StoredKey, Success,
+    self, AttemptKey, BatchOrder, CompletionTx, Fenced, Proposal, Released, StoredKey, Success,
 };
 use crate::store::rows::RowExt;
 
@@ -65,7 +65,7 @@ async fn in_steps(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome
     Ok(JobBatchOutcome { completed, claimed })
 }
 
-struct Completion<'t>(&'t mut Tx);
+pub(super) struct Completion<'t>(pub &'t mut Tx);
 
 /// The fence and the insert (`ratchet_fence_and_insert`, migration 0006):
 /// `$1`–`$3` the attempts, `$4`–`$10` the proposals.
@@ -227,22 +227,21 @@ impl CompletionTx for Completion<'_> {
         .await?)
     }
 
-    async fn record_success_and_release(
-        &mut self,
-        s: &Success<'_>,
-    ) -> Result<(Vec<EdgeSatisfied>, Vec<(String, String)>)> {
+    async fn record_success_and_release(&mut self, s: &Success<'_>) -> Result<Released> {
         let rows = bind_success(sqlx::query(SUCCESS_AND_RELEASE), s)
             .fetch_all(&mut **self.0)
             .await?;
-        let (mut satisfied, mut ready) = (Vec::new(), Vec::new());
+        let mut released = Released::default();
         for row in &rows {
+            let key = || Ok::<_, StoreError>((row.text("run_id")?, row.text("to_stage")?));
             match row.opt_text("state")?.as_deref() {
-                None => satisfied.push(rows::edge_satisfied(row)?),
-                Some("ready") => ready.push((row.text("run_id")?, row.text("to_stage")?)),
+                None => released.satisfied.push(rows::edge_satisfied(row)?),
+                Some("ready") => released.ready.push(key()?),
+                Some("mapping") => released.mapping.push(key()?),
                 Some(_) => {}
             }
         }
-        Ok((satisfied, ready))
+        Ok(released)
     }
 
     async fn runs_finish_if_done(&mut self, runs: &[&str], now: i64) -> Result<()> {

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::store::control::{self, ControlTx};
+use crate::store::map;
 
 pub(super) async fn cancel(store: &PostgresStore, c: RunCancel) -> Result<CancelOutcome> {
     control::with_retries(|| async {
@@ -33,9 +34,9 @@ pub(super) async fn retry(store: &PostgresStore, r: RunRetry) -> Result<RetryOut
 struct Controlling<'t>(&'t mut Tx);
 
 impl ControlTx for Controlling<'_> {
-    async fn jobs_lock(&mut self, run_id: &str) -> Result<Vec<(String, String)>> {
+    async fn jobs_lock(&mut self, run_id: &str) -> Result<Vec<(String, String, bool, bool)>> {
         Ok(sqlx::query_as(
-            "SELECT stage, state FROM jobs WHERE run_id = $1 ORDER BY id FOR NO KEY UPDATE",
+            "SELECT stage, state, gate IS NOT NULL, map_stage IS NOT NULL FROM jobs WHERE run_id = $1 ORDER BY id FOR NO KEY UPDATE",
         )
         .bind(run_id)
         .fetch_all(&mut **self.0)
@@ -63,13 +64,15 @@ impl ControlTx for Controlling<'_> {
         fail::run_end(self.0, run_id, "cancelled", now).await
     }
 
-    async fn jobs_resume(&mut self, run_id: &str, now: i64) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(
+    async fn jobs_resume(&mut self, run_id: &str, now: i64) -> Result<Vec<(String, String)>> {
+        Ok(sqlx::query_as(concat!(
             "UPDATE jobs j SET
                     attempt_budget = coalesce(j.attempt_budget, j.max_attempts),
                     max_attempts = j.attempt + coalesce(j.attempt_budget, j.max_attempts),
                     pending = w.open,
-                    state = CASE WHEN w.open = 0 THEN 'ready' ELSE 'blocked' END,
+                    state = CASE WHEN w.open > 0 THEN 'blocked' ELSE ",
+            released_state!(),
+            " END,
                     next_run_at = $2, lease_owner = NULL, lease_expires_at = NULL,
                     last_error = NULL, updated_at = $2
              FROM (SELECT x.id, (SELECT COUNT(*) FROM edges e
@@ -78,12 +81,20 @@ impl ControlTx for Controlling<'_> {
                    FROM jobs x
                    WHERE x.run_id = $1 AND x.state IN ('failed', 'dead', 'cancelled')) AS w
              WHERE j.id = w.id
-             RETURNING j.stage",
-        )
+             RETURNING j.stage, j.state",
+        ))
         .bind(run_id)
         .bind(now)
         .fetch_all(&mut **self.0)
         .await?)
+    }
+
+    async fn maps_advance(&mut self, run_id: &str, stages: Vec<String>, now: i64) -> Result<()> {
+        let keys = stages
+            .into_iter()
+            .map(|s| (run_id.to_string(), s))
+            .collect();
+        map::advance(&mut complete::Completion(self.0), keys, now).await
     }
 
     async fn journal_discard(&mut self, run_id: &str, stages: &[String]) -> Result<u64> {

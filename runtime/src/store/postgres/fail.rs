@@ -159,7 +159,7 @@ pub(super) async fn unfinished_jobs_cancel(
     sqlx::query(
         "UPDATE jobs SET state = 'cancelled', lease_owner = NULL, lease_expires_at = NULL,
                 last_error = $1, updated_at = $2
-         WHERE run_id = $3 AND state IN ('blocked', 'ready', 'running')",
+         WHERE run_id = $3 AND state IN ('blocked', 'ready', 'running', 'awaiting')",
     )
     .bind(why)
     .bind(now)

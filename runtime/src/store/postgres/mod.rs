@@ -9,7 +9,9 @@ mod complete;
 mod control;
 mod deliveries;
 mod fail;
+mod gate;
 mod jobs;
+mod map;
 mod plugins;
 mod reconcile;
 mod runs;
@@ -57,6 +59,19 @@ type Tx = Transaction<'static, Postgres>;
 type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
 
 /// One column of a set of rows, bound as one array parameter.
+/// The state a job takes when nothing is left pending: `ready`, unless it
+/// is an approval gate (`awaiting` its decision) or maps over a list
+/// (`mapping`, expanded or joined in the same transaction, `store::map`).
+/// Neither is claimed. Migration 0017's `ratchet_success_and_release` says
+/// the same.
+macro_rules! released_state {
+    () => {
+        "CASE WHEN gate IS NOT NULL THEN 'awaiting' WHEN map_stage IS NOT NULL THEN 'mapping' \
+         ELSE 'ready' END"
+    };
+}
+use released_state;
+
 fn column<'r, T, U>(rows: &'r [T], f: impl Fn(&'r T) -> U) -> Vec<U> {
     rows.iter().map(f).collect()
 }

@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 
 use super::*;
+use crate::store::map;
 use crate::store::reconcile::{self, ReconcileBatches, RepairTx};
 
 #[async_trait]
@@ -13,6 +14,14 @@ impl ReconcileBatches for PostgresStore {
         let ended = crate::store::fail::end_lapsed_leases(&mut failing, now, limit).await?;
         tx.commit().await?;
         Ok(ended)
+    }
+
+    async fn expired_gates(&self, now: i64, limit: usize) -> Result<Vec<ExpiredGate>> {
+        super::gate::expired(self, now, limit).await
+    }
+
+    async fn gate_time_out(&self, d: &GateDecide) -> Result<GateOutcome> {
+        super::gate::decide(self, d).await
     }
 
     async fn running_runs(&self, after: &str, limit: usize) -> Result<Vec<String>> {
@@ -80,9 +89,23 @@ impl RepairTx for Repairing<'_> {
     }
 
     async fn ready_release(&mut self, runs: &[String], now: i64) -> Result<u64> {
-        let sql = "UPDATE jobs SET state = 'ready', next_run_at = $2, updated_at = $2
-                   WHERE run_id = ANY($1) AND state = 'blocked' AND pending = 0";
+        let sql = concat!(
+            "UPDATE jobs SET state = ",
+            released_state!(),
+            ", next_run_at = $2, updated_at = $2
+             WHERE run_id = ANY($1) AND state = 'blocked' AND pending = 0"
+        );
         self.update(sql, runs, now).await
+    }
+
+    async fn maps_advance(&mut self, runs: &[String], now: i64) -> Result<()> {
+        let mapping: Vec<(String, String)> = sqlx::query_as(
+            "SELECT run_id, stage FROM jobs WHERE run_id = ANY($1) AND state = 'mapping' ORDER BY id",
+        )
+        .bind(runs)
+        .fetch_all(&mut **self.0)
+        .await?;
+        map::advance(&mut complete::Completion(self.0), mapping, now).await
     }
 
     async fn runs_finish(&mut self, runs: &[String], now: i64) -> Result<u64> {

@@ -50,24 +50,41 @@ impl SubmitTx for Submitting<'_> {
     async fn jobs_insert(&mut self, r: &RunSubmit, states: &[(&str, i64)]) -> Result<()> {
         sqlx::query(
             "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
-                               max_attempts, next_run_at, created_at, updated_at)
+                               max_attempts, gate, gate_timeout_ms, map_stage, map_output,
+                               map_cap, next_run_at, created_at, updated_at)
              SELECT $1, j.stage, j.plugin_digest, j.outputs, j.emits, j.state, j.pending,
-                    j.max_attempts, $2, $2, $2
+                    j.max_attempts, j.gate, j.gate_timeout_ms, j.map_stage, j.map_output,
+                    j.map_cap, $2, $2, $2
              FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
-                         $8::bigint[], $9::bigint[])
+                         $8::bigint[], $9::bigint[], $10::text[], $11::bigint[], $12::text[],
+                         $13::text[], $14::bigint[])
                   WITH ORDINALITY AS j (stage, plugin_digest, outputs, emits, state, pending,
-                                        max_attempts, n)
+                                        max_attempts, gate, gate_timeout_ms, map_stage,
+                                        map_output, map_cap, n)
              ORDER BY j.n",
         )
         .bind(&r.run_id)
         .bind(r.now)
         .bind(column(&r.jobs, |j| j.stage.as_str()))
-        .bind(column(&r.jobs, |j| j.plugin_digest.as_str()))
+        .bind(column(&r.jobs, |j| j.work.plugin_digest()))
         .bind(column(&r.jobs, |j| to_json(&j.outputs)))
         .bind(column(&r.jobs, |j| to_json(&j.emits)))
         .bind(column(states, |(state, _)| *state))
         .bind(column(states, |(_, pending)| *pending))
         .bind(column(&r.jobs, |j| j.max_attempts))
+        .bind(column(&r.jobs, |j| {
+            j.work.gate().map(|g| g.question.as_str())
+        }))
+        .bind(column(&r.jobs, |j| {
+            j.work.gate().and_then(|g| g.timeout_ms)
+        }))
+        .bind(column(&r.jobs, |j| {
+            j.map.as_ref().map(|m| m.stage.as_str())
+        }))
+        .bind(column(&r.jobs, |j| {
+            j.map.as_ref().map(|m| m.output.as_str())
+        }))
+        .bind(column(&r.jobs, |j| j.map.as_ref().map(|m| m.cap)))
         .execute(&mut **self.0)
         .await?;
         Ok(())
@@ -155,7 +172,11 @@ impl RepinTx for Repinning<'_> {
         )
     }
 
-    async fn job_pin(&mut self, run_id: &str, stage: &str) -> Result<Option<(String, String)>> {
+    async fn job_pin(
+        &mut self,
+        run_id: &str,
+        stage: &str,
+    ) -> Result<Option<(String, Option<String>)>> {
         Ok(sqlx::query_as(
             "SELECT state, plugin_digest FROM jobs WHERE run_id = $1 AND stage = $2 FOR UPDATE",
         )

@@ -6,7 +6,7 @@ use sqlx::{QueryBuilder, Row};
 
 use super::*;
 use crate::store::complete::{
-    self, AttemptKey, CompletionTx, EdgeSatisfied, Fenced, Proposal, StoredKey, Success,
+    self, AttemptKey, CompletionTx, Fenced, Proposal, Released, StoredKey, Success,
 };
 
 /// Artifacts per multi-row insert: ten parameters each, far below SQLite's
@@ -28,7 +28,7 @@ pub(super) async fn batch(store: &SqliteStore, b: &JobBatch) -> Result<JobBatchO
     Ok(JobBatchOutcome { completed, claimed })
 }
 
-struct Completion<'t, 'c>(&'t mut Tx<'c>);
+pub(super) struct Completion<'t, 'c>(pub &'t mut Tx<'c>);
 
 /// The job rows of a batch's attempts that still hold their lease, and
 /// whether each says what the attempt's claim returned (the keys are a
@@ -138,12 +138,9 @@ impl CompletionTx for Completion<'_, '_> {
     /// so a completion applied twice changes nothing (the reconciler's
     /// recount repairs any drift). Returns the edges satisfied and the
     /// `(run, stage)` of each dependent that became ready.
-    async fn record_success_and_release(
-        &mut self,
-        s: &Success<'_>,
-    ) -> Result<(Vec<EdgeSatisfied>, Vec<(String, String)>)> {
+    async fn record_success_and_release(&mut self, s: &Success<'_>) -> Result<Released> {
         let success = SuccessDoc::of(s);
-        let rows = sqlx::query(
+        let rows = sqlx::query(concat!(
             "DELETE FROM temp.batch_doc;
 
              INSERT INTO temp.batch_doc (doc) VALUES (jsonb(?1));
@@ -185,7 +182,9 @@ impl CompletionTx for Completion<'_, '_> {
 
              UPDATE jobs SET pending = pending - d.edges,
                     state = CASE WHEN state = 'blocked' AND pending - d.edges <= 0
-                                 THEN 'ready' ELSE state END,
+                                 THEN ",
+            released_state!(),
+            " ELSE state END,
                     next_run_at = CASE WHEN state = 'blocked' AND pending - d.edges <= 0
                                        THEN d.now ELSE next_run_at END,
                     updated_at = d.now
@@ -196,24 +195,27 @@ impl CompletionTx for Completion<'_, '_> {
              RETURNING 'released' AS kind, run_id, stage, state;
 
              SELECT 'satisfied' AS kind, run_id, from_stage, to_stage FROM temp.satisfied",
-        )
+        ))
         .bind(to_json(&success))
         .fetch_all(&mut **self.0)
         .await?;
-        let (mut satisfied, mut ready) = (Vec::new(), Vec::new());
+        let mut released = Released::default();
         for row in &rows {
             let kind: String = row.try_get("kind")?;
             match kind.as_str() {
-                "satisfied" => satisfied.push(rows::edge_satisfied(row)?),
+                "satisfied" => released.satisfied.push(rows::edge_satisfied(row)?),
                 "released" => {
-                    if row.try_get::<String, _>("state")? == "ready" {
-                        ready.push((row.try_get("run_id")?, row.try_get("stage")?));
+                    let key = (row.try_get("run_id")?, row.try_get("stage")?);
+                    match row.try_get::<String, _>("state")?.as_str() {
+                        "ready" => released.ready.push(key),
+                        "mapping" => released.mapping.push(key),
+                        _ => {}
                     }
                 }
                 other => return Err(rows::unknown_kind("edges", other)),
             }
         }
-        Ok((satisfied, ready))
+        Ok(released)
     }
 
     /// A run's count of unsucceeded jobs says when to look; its jobs say
@@ -334,7 +336,10 @@ impl Completion<'_, '_> {
 
     /// Multi-row inserts: the bytes are bound as blobs, which a JSON array
     /// cannot carry.
-    async fn artifacts_insert(&mut self, puts: &[ArtifactPut<'_>]) -> Result<Vec<StoredKey>> {
+    pub(super) async fn artifacts_insert(
+        &mut self,
+        puts: &[ArtifactPut<'_>],
+    ) -> Result<Vec<StoredKey>> {
         if puts.is_empty() {
             return Ok(Vec::new());
         }

@@ -10,7 +10,9 @@ mod complete;
 mod control;
 mod deliveries;
 mod fail;
+mod gate;
 mod jobs;
+mod map;
 mod plugins;
 mod reconcile;
 mod runs;
@@ -127,10 +129,22 @@ const WRITER_SCRATCH: &str = "
 /// word for word, so every query of jobs by a live state includes this.
 macro_rules! live {
     () => {
-        "state IN ('blocked', 'ready', 'running')"
+        "state IN ('blocked', 'ready', 'running', 'awaiting', 'mapping')"
     };
 }
 use live;
+
+/// The state a job takes when nothing is left pending: `ready`, unless it
+/// is an approval gate (`awaiting` its decision) or maps over a list
+/// (`mapping`, expanded or joined in the same transaction, `store::map`).
+/// Neither is claimed.
+macro_rules! released_state {
+    () => {
+        "CASE WHEN gate IS NOT NULL THEN 'awaiting' WHEN map_stage IS NOT NULL THEN 'mapping' \
+         ELSE 'ready' END"
+    };
+}
+use released_state;
 
 /// A write transaction on the writer connection, taken whole at once.
 async fn begin_write(writer: &mut SqliteConnection) -> Result<Tx<'_>> {

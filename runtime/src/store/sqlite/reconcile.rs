@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 
 use super::*;
+use crate::store::map;
 use crate::store::reconcile::{self, ReconcileBatches, RepairTx};
 
 /// The runs of one batch, bound as a JSON array.
@@ -17,6 +18,14 @@ impl ReconcileBatches for SqliteStore {
         let ended = crate::store::fail::end_lapsed_leases(&mut failing, now, limit).await?;
         self.commit(tx).await?;
         Ok(ended)
+    }
+
+    async fn expired_gates(&self, now: i64, limit: usize) -> Result<Vec<ExpiredGate>> {
+        super::gate::expired(self, now, limit).await
+    }
+
+    async fn gate_time_out(&self, d: &GateDecide) -> Result<GateOutcome> {
+        super::gate::decide(self, d).await
     }
 
     async fn running_runs(&self, after: &str, limit: usize) -> Result<Vec<String>> {
@@ -86,10 +95,21 @@ impl RepairTx for Repairing<'_, '_> {
 
     async fn ready_release(&mut self, runs: &[String], now: i64) -> Result<u64> {
         let sql = format!(
-            "UPDATE jobs SET state = 'ready', next_run_at = ?2, updated_at = ?2
-             WHERE run_id IN {BATCH_RUNS} AND state = 'blocked' AND pending = 0"
+            "UPDATE jobs SET state = {}, next_run_at = ?2, updated_at = ?2
+             WHERE run_id IN {BATCH_RUNS} AND state = 'blocked' AND pending = 0",
+            released_state!()
         );
         self.update(sql, runs, now).await
+    }
+
+    async fn maps_advance(&mut self, runs: &[String], now: i64) -> Result<()> {
+        let mapping: Vec<(String, String)> = sqlx::query_as(
+            "SELECT run_id, stage FROM jobs WHERE run_id IN (SELECT value FROM json_each(?)) AND state = 'mapping' ORDER BY id",
+        )
+        .bind(to_json(&runs))
+        .fetch_all(&mut **self.0)
+        .await?;
+        map::advance(&mut complete::Completion(self.0), mapping, now).await
     }
 
     async fn runs_finish(&mut self, runs: &[String], now: i64) -> Result<u64> {

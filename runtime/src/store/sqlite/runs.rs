@@ -69,23 +69,24 @@ impl SubmitTx for Submitting<'_, '_> {
             .zip(states)
             .map(|(job, (state, pending))| {
                 let (outputs, emits) = (to_json(&job.outputs), to_json(&job.emits));
-                let (stage, plugin) = (&job.stage, &job.plugin_digest);
+                let gate = job.work.gate();
                 (
-                    stage,
-                    plugin,
-                    outputs,
-                    emits,
-                    state,
-                    pending,
-                    job.max_attempts,
+                    (&job.stage, job.work.plugin_digest(), outputs, emits),
+                    (state, pending, job.max_attempts),
+                    (gate.map(|g| &g.question), gate.and_then(|g| g.timeout_ms)),
+                    job.map.as_ref().map(|m| (&m.stage, &m.output, m.cap)),
                 )
             })
             .collect();
         sqlx::query(
             "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
-                               max_attempts, next_run_at, created_at, updated_at)
-             SELECT ?1, j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3,
-                    j.value ->> 4, j.value ->> 5, j.value ->> 6, ?2, ?2, ?2
+                               max_attempts, gate, gate_timeout_ms, map_stage, map_output,
+                               map_cap, next_run_at, created_at, updated_at)
+             SELECT ?1, j.value ->> '$[0][0]', j.value ->> '$[0][1]', j.value ->> '$[0][2]',
+                    j.value ->> '$[0][3]', j.value ->> '$[1][0]', j.value ->> '$[1][1]',
+                    j.value ->> '$[1][2]', j.value ->> '$[2][0]', j.value ->> '$[2][1]',
+                    j.value ->> '$[3][0]', j.value ->> '$[3][1]', j.value ->> '$[3][2]',
+                    ?2, ?2, ?2
              FROM jsonb_each(?3) AS j ORDER BY j.key",
         )
         .bind(&r.run_id)
@@ -177,7 +178,11 @@ impl RepinTx for Repinning<'_, '_> {
             .await?)
     }
 
-    async fn job_pin(&mut self, run_id: &str, stage: &str) -> Result<Option<(String, String)>> {
+    async fn job_pin(
+        &mut self,
+        run_id: &str,
+        stage: &str,
+    ) -> Result<Option<(String, Option<String>)>> {
         Ok(
             sqlx::query_as("SELECT state, plugin_digest FROM jobs WHERE run_id = ? AND stage = ?")
                 .bind(run_id)

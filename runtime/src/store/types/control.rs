@@ -74,6 +74,17 @@ pub enum RetryOutcome {
     StageNotRetryable {
         state: JobState,
     },
+    /// The run failed because this approval gate was rejected: a decision
+    /// is final.
+    GateRejected {
+        stage: String,
+    },
+    /// The run failed because this stage could not be mapped over its
+    /// list (not an array, too long, outputs that cannot be joined): the
+    /// list is canonical, so a retry would fail the same way.
+    MapFailed {
+        stage: String,
+    },
 }
 
 /// At most `cap` attempts of the plugin named `plugin` (any version) run

@@ -8,6 +8,7 @@ mod audit;
 mod control;
 mod deliveries;
 mod plugins;
+mod stages;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,64 +23,12 @@ pub use audit::*;
 pub use control::*;
 pub use deliveries::*;
 pub use plugins::*;
+pub use stages::*;
 
 /// The error recorded on an attempt that was still running when another
 /// stage of its run died: its job is cancelled and its result discarded.
 pub const RUN_FAILED_IN_FLIGHT: &str =
     "the run failed while this attempt ran; its job was cancelled and its result is discarded";
-
-/// Job states; see docs/job-states.md for the diagram.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JobState {
-    Blocked,
-    Ready,
-    Running,
-    Succeeded,
-    Failed,
-    Dead,
-    Cancelled,
-}
-
-impl JobState {
-    /// Every state. A run has succeeded when every job is `Succeeded`;
-    /// PostgreSQL's `ratchet_finish_runs` (migration 0006) lists the others
-    /// by name, pinned to this list by `tests/tests/postgres_functions.rs`.
-    pub const ALL: [JobState; 7] = [
-        JobState::Blocked,
-        JobState::Ready,
-        JobState::Running,
-        JobState::Succeeded,
-        JobState::Failed,
-        JobState::Dead,
-        JobState::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Blocked => "blocked",
-            JobState::Ready => "ready",
-            JobState::Running => "running",
-            JobState::Succeeded => "succeeded",
-            JobState::Failed => "failed",
-            JobState::Dead => "dead",
-            JobState::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "blocked" => JobState::Blocked,
-            "ready" => JobState::Ready,
-            "running" => JobState::Running,
-            "succeeded" => JobState::Succeeded,
-            "failed" => JobState::Failed,
-            "dead" => JobState::Dead,
-            "cancelled" => JobState::Cancelled,
-            _ => return None,
-        })
-    }
-}
 
 /// Run states: a run is `running` until every stage succeeded, one died,
 /// or an operator cancelled it.
@@ -133,7 +82,8 @@ pub struct RunSubmit {
 
 impl RunSubmit {
     /// Each job's state and count of edges into it (`pending`) when the
-    /// run starts, in `jobs` order: `ready` without edges, else `blocked`.
+    /// run starts, in `jobs` order: `ready` without edges (a gate
+    /// `awaiting`), else `blocked`.
     pub(crate) fn initial_states(&self) -> Vec<(&'static str, i64)> {
         let mut into: std::collections::HashMap<&str, i64> = Default::default();
         for edge in &self.edges {
@@ -143,6 +93,7 @@ impl RunSubmit {
             .iter()
             .map(|job| match into.get(job.stage.as_str()) {
                 Some(&pending) => (JobState::Blocked.as_str(), pending),
+                None if job.work.gate().is_some() => (JobState::Awaiting.as_str(), 0),
                 None => (JobState::Ready.as_str(), 0),
             })
             .collect()
@@ -152,7 +103,9 @@ impl RunSubmit {
 #[derive(Debug, Clone)]
 pub struct NewJob {
     pub stage: String,
-    pub plugin_digest: String,
+    pub work: StageWork,
+    /// The list the stage maps over, if it does.
+    pub map: Option<MapSpec>,
     pub outputs: Vec<String>,
     pub emits: Vec<String>,
     pub max_attempts: i64,
@@ -345,7 +298,16 @@ pub struct JobRow {
     pub id: i64,
     pub run_id: String,
     pub stage: String,
-    pub plugin_digest: String,
+    /// `None` for an approval gate, which runs no plugin.
+    pub plugin_digest: Option<String>,
+    /// What an approval gate asks its approver to check.
+    pub gate: Option<String>,
+    /// How long a gate awaits its decision before rejecting itself.
+    pub gate_timeout_ms: Option<i64>,
+    /// The list a mapped stage maps over, `STAGE.OUTPUT`.
+    pub map: Option<String>,
+    /// How many elements it was expanded into, once it was.
+    pub map_count: Option<i64>,
     pub state: JobState,
     pub pending: i64,
     pub attempt: i64,
@@ -385,7 +347,8 @@ pub struct AttemptRow {
     pub run_id: String,
     pub stage: String,
     pub worker: String,
-    pub plugin_digest: String,
+    /// `None` for a gate's decision, which ran no plugin.
+    pub plugin_digest: Option<String>,
     pub claim_seq: i64,
     pub claimed_at: i64,
     pub finished_at: Option<i64>,
@@ -422,6 +385,8 @@ pub struct ReconcileReport {
     pub pending_repaired: u64,
     pub edges_repaired: u64,
     pub runs_finished: u64,
+    /// Approval gates rejected because their timeout passed.
+    pub gates_timed_out: u64,
     /// Write transactions it took (one per batch).
     pub transactions: u64,
 }
@@ -429,7 +394,11 @@ pub struct ReconcileReport {
 impl ReconcileReport {
     /// Whether anything was repaired.
     pub fn changed(&self) -> bool {
-        self.dead_expired_leases + self.pending_repaired + self.edges_repaired + self.runs_finished
+        self.dead_expired_leases
+            + self.pending_repaired
+            + self.edges_repaired
+            + self.runs_finished
+            + self.gates_timed_out
             > 0
     }
 }
@@ -479,6 +448,8 @@ pub enum RepinOutcome {
     Journaled,
     /// The new version's `after` cannot be kept in this run (the reason).
     AfterRefused(String),
+    /// The stage is an approval gate: it runs no plugin.
+    Gate,
 }
 
 #[derive(Debug, Clone, Serialize)]

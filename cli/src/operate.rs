@@ -1,0 +1,102 @@
+//! What an operator does to a run: cancel it, retry it, decide its
+//! approval gates. Each answers in one line, or in JSON with `--json`.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use ratchet_runtime::operator;
+use ratchet_runtime::store::Verdict;
+
+use crate::args::DecisionArgs;
+use crate::{Command, Env, inspect};
+
+pub async fn run(env: &Env, command: Command) -> Result<ExitCode> {
+    let (store, clock) = (env.store.as_ref(), env.clock.as_ref());
+    match command {
+        Command::Cancel {
+            run,
+            reason,
+            by,
+            json,
+        } => {
+            let by = by.unwrap_or_else(operator::os_user);
+            let (in_flight, waiting) = operator::run_cancel(store, &run, reason, by, clock).await?;
+            if json {
+                let doc = serde_json::json!({
+                    "run": run, "state": "cancelled", "in_flight": in_flight, "waiting": waiting,
+                });
+                return inspect::print_json(&doc);
+            }
+            println!(
+                "run {run} cancelled: {in_flight} attempt(s) in flight fenced out, {waiting} stage(s) will not start"
+            );
+        }
+        Command::Retry {
+            run,
+            stage,
+            fresh,
+            by,
+            json,
+        } => {
+            let by = by.unwrap_or_else(operator::os_user);
+            let retried = operator::run_retry(store, &run, stage, fresh, by, clock).await?;
+            if json {
+                return inspect::print_json(&serde_json::json!({ "run": run, "retried": retried }));
+            }
+            println!(
+                "run {run} is running again (generation {}): {} resumed; {} journaled model answer(s) discarded",
+                retried.generation,
+                retried.stages.join(", "),
+                retried.journal_discarded
+            );
+        }
+        Command::Approve {
+            run,
+            stage,
+            decision,
+        } => return decide(env, &run, &stage, Verdict::Approved, decision).await,
+        Command::Reject {
+            run,
+            stage,
+            decision,
+        } => return decide(env, &run, &stage, Verdict::Rejected, decision).await,
+        other => anyhow::bail!("`{other:?}` is not an operator's command"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn decide(
+    env: &Env,
+    run: &str,
+    stage: &str,
+    verdict: Verdict,
+    args: DecisionArgs,
+) -> Result<ExitCode> {
+    let by = args.by.unwrap_or_else(operator::os_user);
+    let decision = operator::gate_decide(
+        env.store.as_ref(),
+        run,
+        stage,
+        verdict,
+        by,
+        args.note,
+        env.clock.as_ref(),
+    )
+    .await?;
+    if args.json {
+        return inspect::print_json(
+            &serde_json::json!({ "run": run, "stage": stage, "decision": decision }),
+        );
+    }
+    let then = match verdict {
+        Verdict::Approved => "the stages after it run",
+        Verdict::Rejected => "the run failed",
+    };
+    println!(
+        "gate `{stage}` of run {run} {} by {}: {then}",
+        verdict.as_str(),
+        decision.by
+    );
+    Ok(ExitCode::SUCCESS)
+}

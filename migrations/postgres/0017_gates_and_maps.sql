@@ -7,7 +7,9 @@
 -- list (`map_stage`, `map_output`) and the most elements it may hold
 -- (`map_cap`); released, it is `mapping` for as long as the transaction
 -- that releases it expands it into element jobs (`map_count` of them) or
--- joins their outputs.
+-- joins their outputs. The job of the list's stage knows, in `lists`, which
+-- of its outputs are mapped over and how long each may be, so that its
+-- attempt fails before committing a list that cannot be mapped.
 ALTER TABLE jobs ALTER COLUMN plugin_digest DROP NOT NULL,
     ADD COLUMN gate TEXT,
     ADD COLUMN gate_timeout_ms BIGINT,
@@ -15,6 +17,7 @@ ALTER TABLE jobs ALTER COLUMN plugin_digest DROP NOT NULL,
     ADD COLUMN map_output TEXT,
     ADD COLUMN map_cap BIGINT,
     ADD COLUMN map_count BIGINT,
+    ADD COLUMN lists TEXT,
     ADD CONSTRAINT jobs_gate_or_plugin CHECK ((plugin_digest IS NULL) = (gate IS NOT NULL)),
     ADD CONSTRAINT jobs_map_whole
         CHECK ((map_stage IS NULL) = (map_output IS NULL) AND (map_stage IS NULL) = (map_cap IS NULL)),
@@ -122,9 +125,16 @@ END
 $fn$;
 
 -- As in 0006, except that a batch releasing a job that maps over a list is
--- written step by step: the expansion and the join are the store's, in Rust
--- (`store/map.rs`), on the same transaction.
-CREATE OR REPLACE FUNCTION ratchet_complete_batch(
+-- written step by step (the expansion and the join are the store's, in
+-- Rust, `store/map.rs`, on the same transaction), and that a claimed job
+-- comes with the outputs later stages map over (`lists`).
+DROP FUNCTION ratchet_complete_batch(
+    BIGINT[], BIGINT[], TEXT[], BIGINT[], BIGINT[], TEXT[], TEXT[], BYTEA[],
+    TEXT[], BIGINT[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[], TEXT[],
+    TEXT[], TEXT[], BIGINT[], BIGINT, BIGINT[], BIGINT[], BIGINT[], BIGINT[],
+    TEXT[], TEXT[], TEXT[], BIGINT[], TEXT[], TEXT[], TEXT, BIGINT, BIGINT, BIGINT,
+    TEXT, BIGINT);
+CREATE FUNCTION ratchet_complete_batch(
     a_job BIGINT[], a_attempt BIGINT[], a_worker TEXT[],
     p_job BIGINT[], p_attempt BIGINT[], p_output TEXT[], p_media_type TEXT[],
     p_bytes BYTEA[], p_digest TEXT[], p_now BIGINT[],
@@ -140,7 +150,7 @@ RETURNS TABLE (kind TEXT, id BIGINT, run_id TEXT, stage TEXT, to_stage TEXT,
                plugin_digest TEXT, attempt BIGINT, max_attempts BIGINT,
                outputs TEXT, emits TEXT, input TEXT, from_stage TEXT, from_output TEXT,
                output TEXT, media_type TEXT, digest TEXT, size BIGINT,
-               created_at BIGINT, bytes BYTEA)
+               created_at BIGINT, bytes BYTEA, lists TEXT)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $fn$
@@ -211,13 +221,13 @@ BEGIN
         SELECT 'satisfied'::TEXT, NULL::BIGINT, s.r, NULL::TEXT, s.t, NULL::TEXT,
                NULL::BIGINT, NULL::BIGINT, NULL::TEXT, NULL::TEXT, NULL::TEXT, s.f,
                NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::BIGINT, NULL::BIGINT,
-               NULL::BYTEA
+               NULL::BYTEA, NULL::TEXT
         FROM unnest(sat_run, sat_from, sat_to) AS s(r, f, t);
     RETURN QUERY
         SELECT 'ready'::TEXT, NULL::BIGINT, s.r, NULL::TEXT, s.t, NULL::TEXT,
                NULL::BIGINT, NULL::BIGINT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT,
                NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::TEXT, NULL::BIGINT, NULL::BIGINT,
-               NULL::BYTEA
+               NULL::BYTEA, NULL::TEXT
         FROM unnest(ready_run, ready_stage) AS s(r, t);
     IF c_limit IS NULL THEN
         RETURN;
@@ -233,6 +243,7 @@ BEGIN
         max_attempts := r.max_attempts;
         outputs := r.outputs;
         emits := r.emits;
+        lists := r.lists;
         RETURN NEXT;
         claimed_job := claimed_job || r.id;
         claimed_run := claimed_run || r.run_id;
@@ -241,7 +252,8 @@ BEGIN
     RETURN QUERY
         SELECT 'input'::TEXT, i.job_id, i.run_id, i.stage, NULL::TEXT, i.plugin_digest,
                i.attempt, NULL::BIGINT, NULL::TEXT, NULL::TEXT, i.input, i.from_stage,
-               i.from_output, i.output, i.media_type, i.digest, i.size, i.created_at, i.bytes
+               i.from_output, i.output, i.media_type, i.digest, i.size, i.created_at, i.bytes,
+               NULL::TEXT
         FROM ratchet_inputs_of(claimed_job, claimed_run, claimed_stage) AS i;
 END
 $fn$;

@@ -8,7 +8,9 @@
 -- list (`map_stage`, `map_output`) and the most elements it may hold
 -- (`map_cap`); released, it is `mapping` for as long as the transaction
 -- that releases it expands it into element jobs (`map_count` of them) or
--- joins their outputs.
+-- joins their outputs. The job of the list's stage knows, in `lists`, which
+-- of its outputs are mapped over and how long each may be, so that its
+-- attempt fails before committing a list that cannot be mapped.
 --
 -- SQLite cannot change a CHECK or a NOT NULL in place: `jobs` and `attempts` are rebuilt, as
 -- SQLite's manual says to (foreign keys off, one transaction; every row
@@ -48,6 +50,7 @@ CREATE TABLE jobs_rebuilt (
     map_output       TEXT, -- and output
     map_cap          INTEGER, -- the most elements the list may hold
     map_count        INTEGER, -- how many element jobs it was expanded into
+    lists            TEXT, -- JSON object: output mapped over -> most elements it may hold
     UNIQUE (run_id, stage),
     CHECK ((plugin_digest IS NULL) = (gate IS NOT NULL)),
     CHECK ((map_stage IS NULL) = (map_output IS NULL) AND (map_stage IS NULL) = (map_cap IS NULL))

@@ -215,7 +215,7 @@ pub async fn run_submit(
 ) -> Result<RunSubmitOutcome, RegistryError> {
     let snapshot = RegistrySnapshot::load_for(store, pipeline).await?;
     let plan = pipeline.plan(&snapshot)?;
-    let jobs = plan
+    let mut jobs: Vec<NewJob> = plan
         .stages
         .iter()
         .map(|s| NewJob {
@@ -234,9 +234,18 @@ pub async fn run_submit(
                 output: output.clone(),
                 cap: i64::try_from(caps.max_map_elements).unwrap_or(i64::MAX),
             }),
+            lists: Default::default(),
             max_attempts: i64::from(s.max_attempts),
         })
         .collect();
+    // The stage of each list learns how long it may be: its attempt fails
+    // before it commits a list that cannot be mapped.
+    let maps: Vec<MapSpec> = jobs.iter().filter_map(|j| j.map.clone()).collect();
+    for map in maps {
+        if let Some(job) = jobs.iter_mut().find(|j| j.stage == map.stage) {
+            job.lists.insert(map.output, map.cap);
+        }
+    }
     let outcome = store
         .run_submit(RunSubmit {
             run_id: uuid::Uuid::now_v7().to_string(),

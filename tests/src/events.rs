@@ -40,6 +40,7 @@ pub async fn commit_chains(
                 stage: format!("s{i}"),
                 work: StageWork::Plugin("p".into()),
                 map: None,
+                lists: Default::default(),
                 outputs: vec!["out".into()],
                 emits: vec![event.to_string()],
                 max_attempts: 1,

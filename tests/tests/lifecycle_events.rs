@@ -122,6 +122,7 @@ async fn a_runs_events_take_their_ids_in_the_order_its_transactions_commit() {
         stage: stage.into(),
         work: StageWork::Plugin("p".into()),
         map: None,
+        lists: Default::default(),
         outputs: vec!["out".into()],
         emits: vec!["x.done".into()],
         max_attempts: 1,

@@ -2,7 +2,8 @@
 //! job per element, created in the transaction that released the mapped
 //! stage; a join that reads every element's output in element order; a
 //! worker killed inside that transaction leaves nothing half-made; a list
-//! that cannot be mapped fails the mapped stage with a clear error.
+//! that cannot be mapped fails the stage that proposed it, with a clear
+//! error, before it is committed.
 
 use std::sync::Arc;
 
@@ -11,7 +12,7 @@ use ratchet_runtime::crash::CRASH_EXIT_CODE;
 use ratchet_runtime::manifest::Pipeline;
 use ratchet_runtime::operator;
 use ratchet_runtime::plugin::Caps;
-use ratchet_runtime::registry::{self, RegistryError};
+use ratchet_runtime::registry;
 use ratchet_runtime::store::{JobComplete, JobState, Payload, map};
 use ratchet_tests::{Backend, Harness, backend_tests, claim, completion, output, ratchet, stages};
 
@@ -20,7 +21,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
 backend_tests! {
     a_join_reads_every_element_in_element_order => in_order;
     a_worker_killed_inside_the_expansion_leaves_nothing_half_made => killed_inside;
-    a_list_that_cannot_be_mapped_fails_the_mapped_stage => unmappable;
+    a_list_that_cannot_be_mapped_fails_the_stage_that_proposed_it => unmappable;
     an_empty_list_joins_at_once => empty;
 }
 
@@ -169,10 +170,11 @@ async fn killed_inside(backend: Backend) {
 }
 
 /// Output that is not JSON, JSON that is not an array, and an array longer
-/// than the policy's cap each fail the mapped stage, and its run, with a
-/// line saying so; a retry is refused (the list is canonical). Seen
-/// failing on SQLite with the cap left unchecked: the run of four
-/// paragraphs under a cap of three succeeded.
+/// than the policy's cap each fail the stage that proposed it, fatally and
+/// before it is committed, with a line saying so; no element job is made,
+/// and a retry asks that stage again. Seen failing on SQLite with the cap
+/// left unchecked: the run of four paragraphs under a cap of three
+/// succeeded.
 async fn unmappable(backend: Backend) {
     let Some(h) = Harness::on(backend, Arc::new(SystemClock)).await else {
         return;
@@ -186,21 +188,33 @@ async fn unmappable(backend: Backend) {
                      [[stage]]\nname = \"each\"\nplugin = \"pass@^1\"\nmap = \"a.out\"\n\
                      inputs = { in = \"a.out\" }\n";
     let runs = [
-        (h.submit(not_json, b"").await, "is not JSON"),
+        (h.submit(not_json, b"").await, "a", "but it is not JSON"),
         (
             h.submit(not_array, b"{\"a\": 1}").await,
-            "it is a JSON object",
+            "a",
+            "but it is a JSON object",
         ),
-        (capped(&h, 3).await, "holds 4 elements, more than the 3"),
+        (
+            capped(&h, 3).await,
+            "split",
+            "but it is an array of 4 elements, more than the 3",
+        ),
     ];
     h.run_until_idle(2).await;
-    for (run, expected) in runs {
+    for (run, list, expected) in runs {
         assert_eq!(h.run_state(&run).await, "failed", "{run}");
         let jobs = h.store.job_list(&run).await.expect("jobs");
-        let each = jobs.iter().find(|j| j.stage == "each").expect("each");
-        assert_eq!(each.state, JobState::Dead);
-        let error = each.last_error.as_deref().unwrap_or_default();
+        let state = |stage: &str| jobs.iter().find(|j| j.stage == stage).expect(stage).state;
+        assert_eq!(
+            (state(list), state("each")),
+            (JobState::Dead, JobState::Cancelled)
+        );
+        let dead = jobs.iter().find(|j| j.stage == list).expect("list");
+        let error = dead.last_error.as_deref().unwrap_or_default();
         assert!(error.contains(expected), "{run}: {error}");
+        assert_eq!(dead.attempt, 1, "{run}: failed fatally");
+        let stored = h.store.artifact_list(&run).await.expect("artifacts");
+        assert!(stored.iter().all(|a| a.stage != list), "{run}: {stored:?}");
         assert_eq!(element_jobs(&h, &run).await, 0);
         let retried = operator::run_retry(
             h.store.as_ref(),
@@ -210,12 +224,11 @@ async fn unmappable(backend: Backend) {
             "op".into(),
             h.clock.as_ref(),
         )
-        .await;
-        match retried {
-            Err(RegistryError::Refused(m)) => assert!(m.contains("could not be mapped"), "{m}"),
-            other => panic!("a retry of an unmappable list: {other:?}"),
-        }
+        .await
+        .expect("a retry asks the list's stage again");
+        assert!(retried.stages.contains(&list.to_string()), "{retried:?}");
     }
+    h.run_until_idle(2).await;
     let report = h.audit().await;
     assert!(report.is_clean(), "{:#?}", report.violations);
 }

@@ -47,6 +47,7 @@ async fn the_wal_is_copied_back_beside_the_writer_not_by_a_commit() {
             stage: format!("stage-{i}"),
             work: StageWork::Plugin("p".into()),
             map: None,
+            lists: Default::default(),
             outputs: vec!["out".into()],
             emits: vec![],
             max_attempts: 3,

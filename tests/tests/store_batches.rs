@@ -58,6 +58,7 @@ async fn fan_in(h: &Harness, now: i64) -> String {
         stage: stage.into(),
         work: StageWork::Plugin("p".into()),
         map: None,
+        lists: Default::default(),
         outputs: vec!["out".into()],
         emits: vec![format!("{stage}.done")],
         max_attempts: 3,

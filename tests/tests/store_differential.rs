@@ -26,6 +26,7 @@ fn submit(n: usize, now: i64) -> RunSubmit {
         stage: stage.into(),
         work: StageWork::Plugin("p".into()),
         map: None,
+        lists: Default::default(),
         outputs: vec!["out".into()],
         emits: if stage == "b" {
             vec!["b.done".into()]

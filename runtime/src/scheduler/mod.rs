@@ -18,7 +18,7 @@ use crate::lock;
 use crate::plugin::{ExecError, ExecReport, Invocation, Payload};
 use crate::store::{
     CanonicalOutput, ClaimedJob, CompleteOutcome, FailOutcome, JobClaim, JobComplete, JobFail,
-    LeaseRenewal, LoadedInput, Queue, StoreError,
+    LeaseRenewal, LoadedInput, Queue, StoreError, map,
 };
 pub use config::{Backoff, SchedulerConfig};
 pub use executor::StageExecutor;
@@ -244,6 +244,7 @@ impl Scheduler {
             .executor
             .run(&job.plugin_digest, &invocation, inputs)
             .await?;
+        let result = result.and_then(|outputs| lists_checked(job, outputs));
         crash::point("after_execute");
         Ok(Execution {
             input_digests,
@@ -452,4 +453,20 @@ fn group_commit(
 /// What [`Scheduler::renew_leases`] keeps of a claimed job.
 fn held_entry(job: &ClaimedJob) -> ((i64, i64), i64) {
     ((job.job_id, job.attempt), job.lease_expires_at)
+}
+
+/// The attempt's outputs, unless one that a later stage maps over cannot
+/// be mapped (docs/map.md): the attempt then fails, fatally, before
+/// anything of it is committed, and a retry of the stage may propose
+/// another list.
+fn lists_checked(job: &ClaimedJob, outputs: Vec<Payload>) -> Result<Vec<Payload>, ExecError> {
+    for (name, cap) in &job.lists {
+        let list = outputs.iter().find(|o| &o.name == name);
+        if let Some(Err(what)) = list.map(|l| map::list_elements(&l.bytes, *cap)) {
+            return Err(ExecError::Contract(format!(
+                "output `{name}` is mapped over by a later stage, so it must be a JSON array of at most {cap} elements, but it is {what}"
+            )));
+        }
+    }
+    Ok(outputs)
 }

@@ -13,14 +13,10 @@
 
 use std::collections::BTreeMap;
 
-use super::complete::{AttemptSucceeded, Success};
-use super::host;
+use super::host::HostAttempt;
 use super::map::{self, MapTx};
 use super::rows::corrupt;
-use super::{
-    ArtifactPut, Decision, GATE_OUTPUT, GateDecide, GateOutcome, JobFail, JobState, Payload,
-    Result, Verdict,
-};
+use super::{Decision, GATE_OUTPUT, GateDecide, GateOutcome, JobState, Payload, Result, Verdict};
 
 /// A stage's job as a decision sees it, its row locked.
 pub(crate) struct GateJob {
@@ -75,22 +71,20 @@ pub(crate) async fn decide(tx: &mut impl GateTx, d: &GateDecide) -> Result<GateO
             None => GateOutcome::NotAwaiting { state },
         });
     }
-    let now = d.decision.at_ms;
-    let attempt = job.attempt + 1;
     let worker = decider(&d.decision.by);
+    let host = HostAttempt {
+        job_id: job.job_id,
+        attempt: job.attempt + 1,
+        run_id: &d.run_id,
+        stage: &d.stage,
+        worker: &worker,
+        now: d.decision.at_ms,
+    };
     let inputs = tx.input_digests(&d.run_id, &d.stage).await?;
-    tx.job_take(job.job_id, attempt, &worker, now).await?;
+    host.take(tx).await?;
     let bytes = serde_json::to_vec(&d.decision).expect("a decision serializes");
-    let payload = Payload::new(GATE_OUTPUT, "application/json", bytes);
-    let stored = tx
-        .artifact_put(ArtifactPut {
-            run_id: &d.run_id,
-            stage: &d.stage,
-            artifact: &payload,
-            attempt,
-            plugin_digest: None,
-            now,
-        })
+    let stored = host
+        .put(tx, &Payload::new(GATE_OUTPUT, "application/json", bytes))
         .await?;
     if !stored.inserted {
         // An awaiting gate has no decision: a retry never resumes a
@@ -102,32 +96,12 @@ pub(crate) async fn decide(tx: &mut impl GateTx, d: &GateDecide) -> Result<GateO
     }
     match d.decision.decision {
         Verdict::Approved => {
-            let canonical = BTreeMap::from([(GATE_OUTPUT, stored.digest.as_str())]);
-            let success = Success {
-                outbox: Vec::new(),
-                job_ids: vec![job.job_id],
-                attempts: vec![AttemptSucceeded {
-                    job_id: job.job_id,
-                    attempt,
-                    input_digests: &inputs,
-                    proposals: canonical.clone(),
-                    canonical,
-                    all_won: true,
-                    now,
-                }],
-                from: vec![(&d.run_id, &d.stage)],
-                now,
-            };
-            let released = tx.job_succeed(&success, &d.run_id).await?;
-            map::advance(tx, released, now).await?;
+            let outputs = BTreeMap::from([(GATE_OUTPUT.to_string(), stored.digest)]);
+            let released = host.succeed(tx, &outputs, &inputs).await?;
+            map::advance(tx, released, host.now).await?;
         }
         Verdict::Rejected => {
-            let error = rejected_error(&d.decision);
-            let failed = JobFail {
-                input_digests: inputs,
-                ..host::failure(job.job_id, attempt, &worker, error, now)
-            };
-            tx.job_kill(&failed, &d.run_id).await?;
+            host.fail(tx, rejected_error(&d.decision), inputs).await?;
         }
     }
     Ok(GateOutcome::Decided)

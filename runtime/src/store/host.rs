@@ -4,9 +4,11 @@
 //! decides it, so the audit checks it as any attempt: one claim sequence of
 //! the shared order, the artifacts it stored, the edges it satisfied.
 
-use super::complete::{CompletionTx, Success};
+use std::collections::BTreeMap;
+
+use super::complete::{AttemptSucceeded, CompletionTx, Success};
 use super::fail::{self, FailTx};
-use super::{ArtifactPut, CanonicalArtifact, JobFail, Result};
+use super::{ArtifactPut, CanonicalArtifact, JobFail, Payload, Result};
 
 /// The statements of a host attempt, inside one open transaction.
 pub(crate) trait HostTx {
@@ -46,16 +48,84 @@ pub(crate) async fn kill(tx: &mut impl FailTx, f: &JobFail, run_id: &str) -> Res
     tx.attempt_failed(f).await
 }
 
-/// A failure of the host attempt `attempt` of a job, with no retry.
-pub(crate) fn failure(job_id: i64, attempt: i64, worker: &str, error: String, now: i64) -> JobFail {
-    JobFail {
-        job_id,
-        attempt,
-        worker: worker.to_string(),
-        error,
-        retryable: false,
-        retry_at: now,
-        input_digests: Default::default(),
-        now,
+/// One host attempt: its job, its number and who makes it.
+pub(crate) struct HostAttempt<'a> {
+    pub job_id: i64,
+    pub attempt: i64,
+    pub run_id: &'a str,
+    pub stage: &'a str,
+    pub worker: &'a str,
+    pub now: i64,
+}
+
+impl HostAttempt<'_> {
+    /// Takes the job as this attempt ([`HostTx::job_take`]).
+    pub async fn take(&self, tx: &mut impl HostTx) -> Result<()> {
+        tx.job_take(self.job_id, self.attempt, self.worker, self.now)
+            .await
+    }
+
+    /// Stores one of the attempt's outputs canonical-first.
+    pub async fn put(&self, tx: &mut impl HostTx, output: &Payload) -> Result<CanonicalArtifact> {
+        tx.artifact_put(ArtifactPut {
+            run_id: self.run_id,
+            stage: self.stage,
+            artifact: output,
+            attempt: self.attempt,
+            plugin_digest: None,
+            now: self.now,
+        })
+        .await
+    }
+
+    /// Succeeds the job with its stored outputs (name -> digest), having
+    /// consumed `inputs` (name -> digest). Returns the released jobs that
+    /// map over a list.
+    pub async fn succeed(
+        &self,
+        tx: &mut impl HostTx,
+        outputs: &BTreeMap<String, String>,
+        inputs: &BTreeMap<String, String>,
+    ) -> Result<Vec<(String, String)>> {
+        let canonical: BTreeMap<&str, &str> = outputs
+            .iter()
+            .map(|(name, digest)| (name.as_str(), digest.as_str()))
+            .collect();
+        let success = Success {
+            outbox: Vec::new(),
+            job_ids: vec![self.job_id],
+            attempts: vec![AttemptSucceeded {
+                job_id: self.job_id,
+                attempt: self.attempt,
+                input_digests: inputs,
+                proposals: canonical.clone(),
+                canonical,
+                all_won: true,
+                now: self.now,
+            }],
+            from: vec![(self.run_id, self.stage)],
+            now: self.now,
+        };
+        tx.job_succeed(&success, self.run_id).await
+    }
+
+    /// Kills the job with `error`, having consumed `inputs`: its run fails.
+    pub async fn fail(
+        &self,
+        tx: &mut impl HostTx,
+        error: String,
+        inputs: BTreeMap<String, String>,
+    ) -> Result<()> {
+        let failed = JobFail {
+            job_id: self.job_id,
+            attempt: self.attempt,
+            worker: self.worker.to_string(),
+            error,
+            retryable: false,
+            retry_at: self.now,
+            input_digests: inputs,
+            now: self.now,
+        };
+        tx.job_kill(&failed, self.run_id).await
     }
 }

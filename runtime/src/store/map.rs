@@ -17,8 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use super::complete::{AttemptSucceeded, Success};
-use super::host::{self, HostTx};
+use super::host::{HostAttempt, HostTx};
 use super::rows::corrupt;
 use super::{ArtifactPut, Payload, Result};
 
@@ -149,27 +148,30 @@ pub fn element_name(name: &str, i: usize) -> String {
     format!("{name}[{i}]")
 }
 
-/// The list's elements, checked against the cap.
+/// The list's elements, checked against the cap (as the list's own
+/// attempt did before it committed, `scheduler`).
 fn elements_of(list: &StoredBytes, m: &MapJob) -> Result<Vec<serde_json::Value>, String> {
     let (stage, output) = (&m.source.0, &m.source.1);
-    let value: serde_json::Value = serde_json::from_slice(&list.bytes).map_err(|e| {
+    list_elements(&list.bytes, m.cap).map_err(|what| {
         format!(
-            "`{stage}.{output}` must be a JSON array to map `{}` over it, but it is not JSON ({e})",
+            "`{}` cannot be mapped over `{stage}.{output}`: it is {what}",
             m.stage
         )
-    })?;
+    })
+}
+
+/// The elements of a list a stage maps over: a JSON array of at most
+/// `cap` elements. Otherwise what it is instead, in words.
+pub fn list_elements(bytes: &[u8], cap: i64) -> Result<Vec<serde_json::Value>, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("not JSON ({e})"))?;
     let serde_json::Value::Array(elements) = value else {
-        return Err(format!(
-            "`{stage}.{output}` must be a JSON array to map `{}` over it, but it is a JSON {}",
-            m.stage,
-            json_kind(&value)
-        ));
+        return Err(format!("a JSON {}, not an array", json_kind(&value)));
     };
-    if elements.len() as i64 > m.cap {
+    if elements.len() as i64 > cap {
         return Err(format!(
-            "`{stage}.{output}` holds {} elements, more than the {} a map may create (raise `max_map_elements` under [caps] in the operator policy)",
-            elements.len(),
-            m.cap
+            "an array of {} elements, more than the {cap} a map may create (raise `max_map_elements` under [caps] in the operator policy)",
+            elements.len()
         ));
     }
     Ok(elements)
@@ -208,40 +210,14 @@ async fn join(tx: &mut impl MapTx, m: &MapJob, now: i64) -> Result<Vec<(String, 
             Err(error) => return fail(tx, m, error, now).await,
         }
     }
-    let attempt = m.attempt + 1;
-    tx.job_take(m.job_id, attempt, MAP_WORKER, now).await?;
-    let mut canonical = BTreeMap::new();
+    let host = host_attempt(m, now);
+    host.take(tx).await?;
+    let mut outputs = BTreeMap::new();
     for array in &arrays {
-        let stored = tx
-            .artifact_put(ArtifactPut {
-                run_id: &m.run_id,
-                stage: &m.stage,
-                artifact: array,
-                attempt,
-                plugin_digest: None,
-                now,
-            })
-            .await?;
-        canonical.insert(array.name.as_str(), stored.digest);
+        let stored = host.put(tx, array).await?;
+        outputs.insert(array.name.clone(), stored.digest);
     }
-    let canonical: BTreeMap<&str, &str> = canonical.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let no_inputs = BTreeMap::new();
-    let success = Success {
-        outbox: Vec::new(),
-        job_ids: vec![m.job_id],
-        attempts: vec![AttemptSucceeded {
-            job_id: m.job_id,
-            attempt,
-            input_digests: &no_inputs,
-            proposals: canonical.clone(),
-            canonical,
-            all_won: true,
-            now,
-        }],
-        from: vec![(&m.run_id, &m.stage)],
-        now,
-    };
-    tx.job_succeed(&success, &m.run_id).await
+    host.succeed(tx, &outputs, &BTreeMap::new()).await
 }
 
 /// The JSON array of the elements' `output`: each a JSON value when it is
@@ -279,11 +255,22 @@ async fn fail(
     error: String,
     now: i64,
 ) -> Result<Vec<(String, String)>> {
-    let attempt = m.attempt + 1;
-    tx.job_take(m.job_id, attempt, MAP_WORKER, now).await?;
-    let failed = host::failure(m.job_id, attempt, MAP_WORKER, error, now);
-    tx.job_kill(&failed, &m.run_id).await?;
+    let host = host_attempt(m, now);
+    host.take(tx).await?;
+    host.fail(tx, error, BTreeMap::new()).await?;
     Ok(Vec::new())
+}
+
+/// The next attempt of `m`, made by the host.
+fn host_attempt(m: &MapJob, now: i64) -> HostAttempt<'_> {
+    HostAttempt {
+        job_id: m.job_id,
+        attempt: m.attempt + 1,
+        run_id: &m.run_id,
+        stage: &m.stage,
+        worker: MAP_WORKER,
+        now,
+    }
 }
 
 /// Whether `stage` names an element of a mapped stage (`NAME[i]`): no

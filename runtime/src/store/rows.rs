@@ -197,6 +197,11 @@ pub(crate) fn claimed_job(
         lease_expires_at,
         outputs: json_list("jobs", &row.text("outputs")?)?,
         emits: json_list("jobs", &row.text("emits")?)?,
+        lists: match row.opt_text("lists")? {
+            Some(lists) => serde_json::from_str(&lists)
+                .map_err(|e| corrupt("jobs", format!("lists `{lists}`: {e}")))?,
+            None => BTreeMap::new(),
+        },
         inputs: None,
     })
 }

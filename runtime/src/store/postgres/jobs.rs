@@ -51,7 +51,8 @@ pub(super) const CLAIM: &str = "WITH expired AS (
                     lease_expires_at = $5, updated_at = $1
              FROM chosen WHERE jobs.id = chosen.id
              RETURNING jobs.id, jobs.run_id, jobs.stage, jobs.plugin_digest, jobs.attempt,
-                       jobs.max_attempts, jobs.outputs, jobs.emits, chosen.part, chosen.due
+                       jobs.max_attempts, jobs.outputs, jobs.emits, jobs.lists, chosen.part,
+                       chosen.due
          ), opened AS (
              INSERT INTO attempts (job_id, attempt, run_id, stage, worker, plugin_digest,
                                    claim_seq, claimed_at, outcome, deps_seen)
@@ -61,7 +62,7 @@ pub(super) const CLAIM: &str = "WITH expired AS (
                      WHERE e.run_id = c.run_id AND e.to_stage = c.stage AND e.satisfied = 1)
              FROM (SELECT * FROM claimed ORDER BY part, due, id) AS c
          )
-         SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits
+         SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits, lists
          FROM claimed ORDER BY part, due, id";
 
 /// Claims up to `c.limit` jobs in one transaction: expired leases with
@@ -178,7 +179,7 @@ impl PostgresStore {
 
 pub(super) async fn leased_to(pool: &sqlx::PgPool, worker: &str) -> Result<Vec<ClaimedJob>> {
     let rows = sqlx::query(
-        "SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits,
+        "SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits, lists,
                 lease_expires_at
          FROM jobs WHERE state = 'running' AND lease_owner = $1 ORDER BY id",
     )

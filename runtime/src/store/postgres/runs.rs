@@ -51,16 +51,16 @@ impl SubmitTx for Submitting<'_> {
         sqlx::query(
             "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
                                max_attempts, gate, gate_timeout_ms, map_stage, map_output,
-                               map_cap, next_run_at, created_at, updated_at)
+                               map_cap, lists, next_run_at, created_at, updated_at)
              SELECT $1, j.stage, j.plugin_digest, j.outputs, j.emits, j.state, j.pending,
                     j.max_attempts, j.gate, j.gate_timeout_ms, j.map_stage, j.map_output,
-                    j.map_cap, $2, $2, $2
+                    j.map_cap, j.lists, $2, $2, $2
              FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
                          $8::bigint[], $9::bigint[], $10::text[], $11::bigint[], $12::text[],
-                         $13::text[], $14::bigint[])
+                         $13::text[], $14::bigint[], $15::text[])
                   WITH ORDINALITY AS j (stage, plugin_digest, outputs, emits, state, pending,
                                         max_attempts, gate, gate_timeout_ms, map_stage,
-                                        map_output, map_cap, n)
+                                        map_output, map_cap, lists, n)
              ORDER BY j.n",
         )
         .bind(&r.run_id)
@@ -85,6 +85,9 @@ impl SubmitTx for Submitting<'_> {
             j.map.as_ref().map(|m| m.output.as_str())
         }))
         .bind(column(&r.jobs, |j| j.map.as_ref().map(|m| m.cap)))
+        .bind(column(&r.jobs, |j| {
+            (!j.lists.is_empty()).then(|| to_json(&j.lists))
+        }))
         .execute(&mut **self.0)
         .await?;
         Ok(())

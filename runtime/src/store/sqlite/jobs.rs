@@ -98,7 +98,7 @@ fn claim_with(pick: &str) -> String {
          FROM temp.claim_pick p CROSS JOIN jobs j ON j.id = p.id;
 
          SELECT 'job' AS kind, p.n AS claimed, j.id, j.run_id, j.stage, j.plugin_digest,
-                j.attempt, j.max_attempts, j.outputs, j.emits
+                j.attempt, j.max_attempts, j.outputs, j.emits, j.lists
          FROM temp.claim_pick p CROSS JOIN jobs j ON j.id = p.id
          ORDER BY p.n;
 
@@ -213,7 +213,7 @@ async fn claim_among(
 
 pub(super) async fn leased_to(pool: &sqlx::SqlitePool, worker: &str) -> Result<Vec<ClaimedJob>> {
     let rows = sqlx::query(concat!(
-        "SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits,
+        "SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits, lists,
                 lease_expires_at
          FROM jobs WHERE state = 'running' AND ",
         live!(),

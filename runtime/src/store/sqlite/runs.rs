@@ -75,18 +75,19 @@ impl SubmitTx for Submitting<'_, '_> {
                     (state, pending, job.max_attempts),
                     (gate.map(|g| &g.question), gate.and_then(|g| g.timeout_ms)),
                     job.map.as_ref().map(|m| (&m.stage, &m.output, m.cap)),
+                    (!job.lists.is_empty()).then(|| to_json(&job.lists)),
                 )
             })
             .collect();
         sqlx::query(
             "INSERT INTO jobs (run_id, stage, plugin_digest, outputs, emits, state, pending,
                                max_attempts, gate, gate_timeout_ms, map_stage, map_output,
-                               map_cap, next_run_at, created_at, updated_at)
+                               map_cap, lists, next_run_at, created_at, updated_at)
              SELECT ?1, j.value ->> '$[0][0]', j.value ->> '$[0][1]', j.value ->> '$[0][2]',
                     j.value ->> '$[0][3]', j.value ->> '$[1][0]', j.value ->> '$[1][1]',
                     j.value ->> '$[1][2]', j.value ->> '$[2][0]', j.value ->> '$[2][1]',
                     j.value ->> '$[3][0]', j.value ->> '$[3][1]', j.value ->> '$[3][2]',
-                    ?2, ?2, ?2
+                    j.value ->> '$[4]', ?2, ?2, ?2
              FROM jsonb_each(?3) AS j ORDER BY j.key",
         )
         .bind(&r.run_id)

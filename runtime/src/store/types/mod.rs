@@ -106,6 +106,9 @@ pub struct NewJob {
     pub work: StageWork,
     /// The list the stage maps over, if it does.
     pub map: Option<MapSpec>,
+    /// Output -> the most elements it may hold, for each of the stage's
+    /// outputs a later stage maps over.
+    pub lists: BTreeMap<String, i64>,
     pub outputs: Vec<String>,
     pub emits: Vec<String>,
     pub max_attempts: i64,
@@ -179,6 +182,10 @@ pub struct ClaimedJob {
     pub lease_expires_at: i64,
     pub outputs: Vec<String>,
     pub emits: Vec<String>,
+    /// Output -> the most elements it may hold, for each output a later
+    /// stage maps over: the attempt fails unless each is a JSON array that
+    /// short ([`map::list_elements`](crate::store::map::list_elements)).
+    pub lists: BTreeMap<String, i64>,
     /// The job's canonical inputs, when the claim read them in its own
     /// transaction (SQLite always, Postgres in a batch); `None` when they
     /// are still to be read
@@ -221,6 +228,7 @@ impl ClaimedJob {
             lease_expires_at: 0,
             outputs: Vec::new(),
             emits: Vec::new(),
+            lists: BTreeMap::new(),
             inputs: None,
         }
     }

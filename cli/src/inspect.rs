@@ -127,7 +127,11 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
             (by_state, states.join(", "))
         })
     };
-    let artifacts = env.store.artifact_list(run_id).await?;
+    let mut artifacts = env.store.artifact_list(run_id).await?;
+    if !elements {
+        // A list's elements, stored under its stage, go with the elements.
+        artifacts.retain(|a| !map::is_element(&a.output));
+    }
     let plugins = plugin_names(env).await?;
     let plugin_label = |j: &JobRow| match &j.plugin_digest {
         None => "(approval gate)".to_string(),

@@ -165,6 +165,20 @@ async fn killed_inside(backend: Backend) {
         .filter(|a| a.stage == "split" && a.output.starts_with("parts["))
         .count();
     assert_eq!(elements, 5, "one stored element per job");
+    let status = |args: &[&str]| {
+        let mut status = ratchet(BIN, &h.url);
+        status.arg("status").arg(&run).args(args);
+        status
+    };
+    let compact = output(status(&[])).await;
+    let compact = String::from_utf8_lossy(&compact.stdout).into_owned();
+    assert!(
+        compact.contains("mapped over split.parts: 5 element(s), 5 succeeded"),
+        "{compact}"
+    );
+    assert!(!compact.contains("each[0]"), "{compact}");
+    let listed = output(status(&["--elements"])).await;
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("each[4]"));
     let report = h.audit().await;
     assert!(report.is_clean(), "{:#?}", report.violations);
 }

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use super::host::{HostAttempt, HostTx};
-use super::rows::corrupt;
+use super::rows::{RowExt, corrupt, json_list};
 use super::{ArtifactPut, Payload, Result};
 
 /// The worker name of a mapped stage's host attempts.
@@ -46,6 +46,38 @@ pub(crate) struct StoredBytes {
     pub media_type: String,
     pub attempt: i64,
     pub plugin_digest: Option<String>,
+}
+
+impl MapJob {
+    /// A `jobs` row read with its `map_stage`, `map_output` and `map_cap`.
+    pub(crate) fn from_row(row: &impl RowExt) -> Result<Self> {
+        let stage = row.text("stage")?;
+        let corrupt_map = || corrupt("jobs", format!("`{stage}` maps over a list but names none"));
+        Ok(Self {
+            job_id: row.int("id")?,
+            run_id: row.text("run_id")?,
+            attempt: row.int("attempt")?,
+            source: (
+                row.opt_text("map_stage")?.ok_or_else(corrupt_map)?,
+                row.opt_text("map_output")?.ok_or_else(corrupt_map)?,
+            ),
+            cap: row.opt_int("map_cap")?.ok_or_else(corrupt_map)?,
+            count: row.opt_int("map_count")?,
+            outputs: json_list("jobs", &row.text("outputs")?)?,
+            stage,
+        })
+    }
+}
+
+impl StoredBytes {
+    pub(crate) fn from_row(row: &impl RowExt) -> Result<Self> {
+        Ok(Self {
+            bytes: row.opt_blob("bytes")?.unwrap_or_default(),
+            media_type: row.text("media_type")?,
+            attempt: row.int("attempt")?,
+            plugin_digest: row.opt_text("plugin_digest")?,
+        })
+    }
 }
 
 /// The statements of expanding and joining, inside one open transaction.

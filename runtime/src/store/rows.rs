@@ -264,33 +264,6 @@ pub(crate) fn model_call(row: &impl RowExt) -> Result<ModelCall> {
     })
 }
 
-pub(crate) fn map_job(row: &impl RowExt) -> Result<crate::store::map::MapJob> {
-    let stage = row.text("stage")?;
-    let corrupt_map = || corrupt("jobs", format!("`{stage}` maps over a list but names none"));
-    Ok(crate::store::map::MapJob {
-        job_id: row.int("id")?,
-        run_id: row.text("run_id")?,
-        attempt: row.int("attempt")?,
-        source: (
-            row.opt_text("map_stage")?.ok_or_else(corrupt_map)?,
-            row.opt_text("map_output")?.ok_or_else(corrupt_map)?,
-        ),
-        cap: row.opt_int("map_cap")?.ok_or_else(corrupt_map)?,
-        count: row.opt_int("map_count")?,
-        outputs: json_list("jobs", &row.text("outputs")?)?,
-        stage,
-    })
-}
-
-pub(crate) fn stored_bytes(row: &impl RowExt) -> Result<crate::store::map::StoredBytes> {
-    Ok(crate::store::map::StoredBytes {
-        bytes: row.opt_blob("bytes")?.unwrap_or_default(),
-        media_type: row.text("media_type")?,
-        attempt: row.int("attempt")?,
-        plugin_digest: row.opt_text("plugin_digest")?,
-    })
-}
-
 pub(crate) fn attempt_row(row: &impl RowExt) -> Result<AttemptRow> {
     Ok(AttemptRow {
         job_id: row.int("job_id")?,

@@ -65,7 +65,7 @@ impl MapTx for complete::Completion<'_> {
         .bind(column(keys, |k| k.1.as_str()))
         .fetch_all(&mut **self.0)
         .await?;
-        rows.iter().map(rows::map_job).collect()
+        rows.iter().map(MapJob::from_row).collect()
     }
 
     async fn artifact_bytes(
@@ -83,7 +83,7 @@ impl MapTx for complete::Completion<'_> {
         .bind(output)
         .fetch_optional(&mut **self.0)
         .await?;
-        row.as_ref().map(rows::stored_bytes).transpose()
+        row.as_ref().map(StoredBytes::from_row).transpose()
     }
 
     async fn elements_create(
@@ -165,6 +165,6 @@ impl MapTx for complete::Completion<'_> {
         .bind(output)
         .fetch_all(&mut **self.0)
         .await?;
-        rows.iter().map(rows::stored_bytes).collect()
+        rows.iter().map(StoredBytes::from_row).collect()
     }
 }

@@ -74,7 +74,7 @@ impl MapTx for complete::Completion<'_, '_> {
         .bind(to_json(&keys))
         .fetch_all(&mut **self.0)
         .await?;
-        rows.iter().map(rows::map_job).collect()
+        rows.iter().map(MapJob::from_row).collect()
     }
 
     async fn artifact_bytes(
@@ -92,7 +92,7 @@ impl MapTx for complete::Completion<'_, '_> {
         .bind(output)
         .fetch_optional(&mut **self.0)
         .await?;
-        row.as_ref().map(rows::stored_bytes).transpose()
+        row.as_ref().map(StoredBytes::from_row).transpose()
     }
 
     async fn elements_create(
@@ -169,6 +169,6 @@ impl MapTx for complete::Completion<'_, '_> {
             .bind(output)
             .fetch_all(&mut **self.0)
             .await?;
-        rows.iter().map(rows::stored_bytes).collect()
+        rows.iter().map(StoredBytes::from_row).collect()
     }
 }

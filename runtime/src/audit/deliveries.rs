@@ -1,0 +1,60 @@
+//! The audit of deliveries: each one made to a sink that takes its event.
+
+use super::{AuditReport, CONTINUATION, RUNS_PER_PAGE, Violation};
+use crate::relay::Sinks;
+use crate::store::{DeliveryFilter, Store, StoreError};
+
+/// Adds to `report` each delivery of `run` (or of every run, one run's
+/// deliveries in memory at a time) made to a sink of `sinks` that does not
+/// take its event. A delivery to a sink the file no longer has is not
+/// judged: it waits for a relay whose file has it.
+pub async fn audit_deliveries(
+    store: &dyn Store,
+    sinks: &Sinks,
+    run: Option<&str>,
+    report: &mut AuditReport,
+) -> Result<(), StoreError> {
+    if let Some(run) = run {
+        return audit_run_deliveries(store, sinks, run, report).await;
+    }
+    let mut after: Option<String> = None;
+    loop {
+        let ids = store.run_ids(after.as_deref(), RUNS_PER_PAGE).await?;
+        for id in &ids {
+            audit_run_deliveries(store, sinks, id, report).await?;
+        }
+        if ids.len() < RUNS_PER_PAGE {
+            return Ok(());
+        }
+        after = ids.last().cloned();
+    }
+}
+
+async fn audit_run_deliveries(
+    store: &dyn Store,
+    sinks: &Sinks,
+    run: &str,
+    report: &mut AuditReport,
+) -> Result<(), StoreError> {
+    let filter = DeliveryFilter {
+        run_id: Some(run.to_string()),
+        state: None,
+    };
+    for d in store.delivery_list(&filter).await? {
+        let Some(sink) = sinks.sinks.iter().find(|s| s.name == d.sink) else {
+            continue;
+        };
+        if !sink.takes(&d.event) {
+            report.violations.push(Violation {
+                invariant: CONTINUATION,
+                run_id: d.run_id,
+                stage: "-".into(),
+                detail: format!(
+                    "delivery {} sends `{}` to sink `{}`, which does not take it",
+                    d.id, d.event, d.sink
+                ),
+            });
+        }
+    }
+    Ok(())
+}

@@ -8,7 +8,7 @@ pub mod nats;
 mod old_schema;
 mod store_fixtures;
 
-pub use old_schema::{database_at_version, sqlite_at_version};
+pub use old_schema::{database_at_version, finish_live_run, sqlite_at_version};
 pub use store_fixtures::{claim, completion, put_stand_in_plugin, stages};
 
 use std::path::PathBuf;

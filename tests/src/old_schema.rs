@@ -1,6 +1,8 @@
 //! Databases as an older Ratchet left them, for tests of migrations.
 
-use crate::{Backend, postgres_schema_url};
+use ratchet_runtime::store::CompleteOutcome;
+
+use crate::{Backend, Harness, claim, completion, postgres_schema_url, stages};
 
 /// A database of `backend` migrated up to `version` only and holding
 /// `rows` (SQL), as a Ratchet of that schema left it: the folder holding it
@@ -55,4 +57,25 @@ pub async fn sqlite_at_version(
         .await
         .expect("its rows");
     old.close().await.expect("close");
+}
+
+/// Finishes the run `live` of an old schema's fixture: its stage `a`,
+/// leased to `w` before the migration, completes under that lease, then
+/// its `b` is claimed and completed, and the run succeeds.
+pub async fn finish_live_run(h: &Harness) {
+    let now = h.clock.now_ms();
+    let leased = h.store.jobs_leased_to("w").await.expect("leases");
+    assert_eq!(stages(&leased), [("a", 1)]);
+    let done = h.store.job_complete(completion(&leased[0], "w", now)).await;
+    assert!(
+        matches!(done, Ok(CompleteOutcome::Completed { .. })),
+        "{done:?}"
+    );
+    let b = claim(h.store.as_ref(), "w", now, 8).await;
+    assert_eq!(stages(&b), [("b", 1)]);
+    h.store
+        .job_complete(completion(&b[0], "w", now))
+        .await
+        .expect("complete b");
+    assert_eq!(h.run_state("live").await, "succeeded");
 }

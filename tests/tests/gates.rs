@@ -8,8 +8,8 @@ use std::sync::Arc;
 use ratchet_runtime::clock::{Clock, ManualClock, SystemClock};
 use ratchet_runtime::operator;
 use ratchet_runtime::registry::RegistryError;
-use ratchet_runtime::store::{CompleteOutcome, Decision, JobState, Verdict};
-use ratchet_tests::{Backend, Harness, backend_tests, claim, completion, stages};
+use ratchet_runtime::store::{Decision, JobState, Verdict};
+use ratchet_tests::{Backend, Harness, backend_tests, claim};
 
 backend_tests! {
     an_approved_gate_releases_the_stages_after_it_with_its_decision => approved;
@@ -294,21 +294,7 @@ async fn across_migration(backend: Backend) {
         return;
     };
     let h = Harness::at_url(url, Arc::new(SystemClock)).await;
-    let now = h.clock.now_ms();
-    let leased = h.store.jobs_leased_to("w").await.expect("leases");
-    assert_eq!(stages(&leased), [("a", 1)]);
-    let done = h.store.job_complete(completion(&leased[0], "w", now)).await;
-    assert!(
-        matches!(done, Ok(CompleteOutcome::Completed { .. })),
-        "{done:?}"
-    );
-    let b = claim(h.store.as_ref(), "w", now, 8).await;
-    assert_eq!(stages(&b), [("b", 1)]);
-    h.store
-        .job_complete(completion(&b[0], "w", now))
-        .await
-        .expect("complete b");
-    assert_eq!(h.run_state("live").await, "succeeded");
+    ratchet_tests::finish_live_run(&h).await;
 
     h.register(&["noop", "pass"]).await;
     let run = h.submit(GATED, b"").await;

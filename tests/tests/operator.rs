@@ -353,21 +353,7 @@ async fn across_migrations(backend: Backend) {
         return;
     };
     let h = Harness::at_url(url, Arc::new(SystemClock)).await;
-    let now = h.clock.now_ms();
-    let leased = h.store.jobs_leased_to("w").await.expect("leases");
-    assert_eq!(stages(&leased), [("a", 1)]);
-    let done = h.store.job_complete(completion(&leased[0], "w", now)).await;
-    assert!(
-        matches!(done, Ok(CompleteOutcome::Completed { .. })),
-        "{done:?}"
-    );
-    let b = claim(h.store.as_ref(), "w", now, 8).await;
-    assert_eq!(stages(&b), [("b", 1)]);
-    h.store
-        .job_complete(completion(&b[0], "w", now))
-        .await
-        .expect("complete b");
-    assert_eq!(h.run_state("live").await, "succeeded");
+    ratchet_tests::finish_live_run(&h).await;
 
     let retried = operator::run_retry(
         h.store.as_ref(),

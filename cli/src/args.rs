@@ -219,8 +219,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Repair continuations that slipped (expired leases, edge counts).
-    Reconcile,
+    /// Repair continuations that slipped (expired leases, edge counts) and
+    /// reject approval gates whose timeout passed.
+    Reconcile {
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure Ratchet against the raw limit of its database, in one run
     /// (scratch databases; `--db` is not touched). See BENCHMARKS.md.
     Bench {
@@ -359,6 +363,8 @@ pub enum OutboxCommand {
         /// Every dead letter.
         #[arg(long, conflicts_with = "id")]
         dead: bool,
+        #[arg(long)]
+        json: bool,
     },
 }
 

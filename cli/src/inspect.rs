@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 
-use crate::{BadInput, Env};
+use crate::{BadInput, Env, when};
 use ratchet_runtime::relay::Sinks;
-use ratchet_runtime::store::{DeliveryFilter, JobRow, JobState, PluginSummary, map};
+use ratchet_runtime::store::{AttemptRow, DeliveryFilter, JobRow, JobState, PluginSummary, map};
 use ratchet_runtime::text::escape_controls;
 
 /// `value` on stdout as pretty JSON, the command's whole output.
@@ -60,7 +60,7 @@ pub async fn plugin_show(env: &Env, spec: &str, json: bool) -> Result<ExitCode> 
         );
         println!("  digest:        {}", p.digest);
         println!("  size:          {} bytes", p.size);
-        println!("  registered at: {} ms since the epoch", p.registered_at);
+        println!("  registered at: {}", when::local(p.registered_at));
         println!("  runs using it: {runs}");
         println!("  manifest:");
         for line in p.manifest.lines() {
@@ -93,9 +93,10 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
         if json {
             println!("{}", serde_json::to_string_pretty(&runs)?);
         } else {
-            println!("{:<38} {:<12} {:<10}", "RUN", "PIPELINE", "STATE");
+            println!("{:<38} {:<12} {:<10} CREATED", "RUN", "PIPELINE", "STATE");
             for r in runs {
-                println!("{:<38} {:<12} {:<10}", r.id, r.pipeline, r.state);
+                let created = when::local(r.created_at);
+                println!("{:<38} {:<12} {:<10} {created}", r.id, r.pipeline, r.state);
             }
         }
         return Ok(ExitCode::SUCCESS);
@@ -132,6 +133,11 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
         // A list's elements, stored under its stage, go with the elements.
         artifacts.retain(|a| !map::is_element(&a.output));
     }
+    let mut attempts: HashMap<i64, Vec<AttemptRow>> = HashMap::new();
+    for a in env.store.attempt_list(run_id).await? {
+        attempts.entry(a.job_id).or_default().push(a);
+    }
+    let attempts_of = |j: &JobRow| attempts.get(&j.id).map_or(&[][..], Vec::as_slice);
     let plugins = plugin_names(env).await?;
     let plugin_label = |j: &JobRow| match &j.plugin_digest {
         None => "(approval gate)".to_string(),
@@ -154,6 +160,7 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
                     "plugin": plugin_label(j), "plugin_digest": j.plugin_digest,
                     "gate": j.gate, "artifacts": outputs, "last_error": j.last_error,
                     "map": j.map, "elements": counted(j).map(|(by_state, _)| by_state),
+                    "attempt_log": attempts_of(j),
                 })
             })
             .collect();
@@ -184,6 +191,9 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
             plugin_label(j),
             outs.join(" ")
         );
+        for a in attempts_of(j) {
+            println!("{:<14} {}", "", attempt_line(a));
+        }
         if let (Some(list), Some((_, states))) = (&j.map, counted(j)) {
             let n = j.map_count.unwrap_or(0);
             println!(
@@ -206,9 +216,9 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
     }
     for event in env.store.run_events(run_id).await? {
         println!(
-            "history: {} ({} ms)",
+            "history: {} ({})",
             escape_controls(&event.detail),
-            event.at
+            when::local(event.at)
         );
     }
     for d in env.store.delivery_list(&run_deliveries(run_id)).await? {
@@ -221,6 +231,33 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One attempt of a stage: its number, outcome and worker, when it started
+/// and how long it took, whether its proposal won, and its error.
+fn attempt_line(a: &AttemptRow) -> String {
+    let span = match a.finished_at {
+        Some(end) => format!(
+            "{}, took {}",
+            when::local(a.claimed_at),
+            when::took(end - a.claimed_at)
+        ),
+        None => format!("since {}", when::local(a.claimed_at)),
+    };
+    let proposal = match a.proposal_won {
+        Some(true) => "; its proposal is the canonical artifact",
+        Some(false) => "; its proposal lost to the stored artifact, which it continued from",
+        None => "",
+    };
+    let error = a.error.as_deref().map_or(String::new(), |e| {
+        format!("; error: {}", ratchet_runtime::text::bounded(e, 120))
+    });
+    format!(
+        "attempt {} {} on {}, {span}{proposal}{error}",
+        a.attempt,
+        a.outcome,
+        escape_controls(&a.worker)
+    )
 }
 
 fn run_deliveries(run_id: &str) -> DeliveryFilter {

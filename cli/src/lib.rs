@@ -15,6 +15,7 @@ mod inspect;
 mod operate;
 mod relay;
 mod signal;
+mod when;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -303,9 +304,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Outbox {
-            action: Some(OutboxCommand::Redeliver { id, dead }),
+            action: Some(OutboxCommand::Redeliver { id, dead, json }),
             ..
-        } => relay::redeliver(&env, id, dead).await,
+        } => relay::redeliver(&env, id, dead, json).await,
         Command::Outbox {
             action: None,
             run,
@@ -355,10 +356,6 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Bench { .. } => Err(anyhow::anyhow!(
             "`bench` runs on scratch databases and is dispatched before `--db` is opened"
         )),
-        Command::Reconcile => {
-            let report = env.store.reconcile(env.clock.now_ms()).await?;
-            println!("{}", serde_json::to_string(&report)?);
-            Ok(ExitCode::SUCCESS)
-        }
+        command @ Command::Reconcile { .. } => operate::run(&env, command).await,
     }
 }

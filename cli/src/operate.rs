@@ -1,12 +1,13 @@
 //! What an operator does to a run: cancel it, retry it, decide its
-//! approval gates. Each answers in one line, or in JSON with `--json`.
+//! approval gates; and the reconcile. Each answers in one line, or in JSON
+//! with `--json`.
 
 use std::process::ExitCode;
 
 use anyhow::Result;
 
 use ratchet_runtime::operator;
-use ratchet_runtime::store::Verdict;
+use ratchet_runtime::store::{ReconcileReport, Verdict};
 
 use crate::args::DecisionArgs;
 use crate::{Command, Env, inspect};
@@ -61,6 +62,13 @@ pub async fn run(env: &Env, command: Command) -> Result<ExitCode> {
             stage,
             decision,
         } => return decide(env, &run, &stage, Verdict::Rejected, decision).await,
+        Command::Reconcile { json } => {
+            let report = env.store.reconcile(clock.now_ms()).await?;
+            if json {
+                return inspect::print_json(&serde_json::to_value(&report)?);
+            }
+            println!("{}", reconciled(&report));
+        }
         other => anyhow::bail!("`{other:?}` is not an operator's command"),
     }
     Ok(ExitCode::SUCCESS)
@@ -99,4 +107,36 @@ async fn decide(
         decision.by
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a reconcile did, in one sentence.
+fn reconciled(r: &ReconcileReport) -> String {
+    let repaired: Vec<String> = [
+        (
+            r.dead_expired_leases,
+            "job(s) dead whose lease lapsed on their last attempt",
+        ),
+        (r.pending_repaired, "waiting stage(s) recounted or released"),
+        (r.edges_repaired, "edge(s) of succeeded stages satisfied"),
+        (
+            r.runs_finished,
+            "run(s) finished whose every stage had succeeded",
+        ),
+        (
+            r.gates_timed_out,
+            "approval gate(s) rejected on their timeout",
+        ),
+    ]
+    .into_iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
+    let transactions = r.transactions;
+    if repaired.is_empty() {
+        return format!("reconcile: nothing to repair ({transactions} transaction(s))");
+    }
+    format!(
+        "reconcile: {} ({transactions} transaction(s))",
+        repaired.join("; ")
+    )
 }

@@ -71,19 +71,17 @@ pub(super) async fn list(
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>6}  {:<10} {:<16} {:>8}  {:<24} event (dedup key); last error",
+        "{:>6}  {:<10} {:<16} {:>8}  {:<26} event (dedup key); last error",
         "id", "state", "sink", "attempts", "delivered at"
     );
     for d in rows {
-        let delivered = d
-            .delivered_at
-            .map_or("-".to_string(), ratchet_runtime::relay::rfc3339);
+        let delivered = d.delivered_at.map_or("-".to_string(), crate::when::local);
         let error = d
             .last_error
             .as_deref()
             .map_or("-".to_string(), |e| ratchet_runtime::text::bounded(e, 120));
         println!(
-            "{:>6}  {:<10} {:<16} {:>8}  {:<24} {}; {error}",
+            "{:>6}  {:<10} {:<16} {:>8}  {:<26} {}; {error}",
             d.id,
             d.state.as_str(),
             d.sink,
@@ -96,7 +94,12 @@ pub(super) async fn list(
 }
 
 /// `ratchet outbox redeliver ID | --dead`.
-pub(super) async fn redeliver(env: &Env, id: Option<i64>, dead: bool) -> Result<ExitCode> {
+pub(super) async fn redeliver(
+    env: &Env,
+    id: Option<i64>,
+    dead: bool,
+    json: bool,
+) -> Result<ExitCode> {
     let which = match (id, dead) {
         (Some(id), false) => Redeliver::One(id),
         (None, true) => Redeliver::AllDead,
@@ -117,6 +120,9 @@ pub(super) async fn redeliver(env: &Env, id: Option<i64>, dead: bool) -> Result<
             "delivery {id} is not a dead letter (see `ratchet outbox --state dead`)"
         ))
         .into());
+    }
+    if json {
+        return crate::inspect::print_json(&serde_json::json!({ "redelivered": n }));
     }
     println!("{n} dead letter(s) pending again, under their dedup keys");
     Ok(ExitCode::SUCCESS)

@@ -1,7 +1,7 @@
 //! Time as the scheduler sees it, injectable so tests never sleep.
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch.
 pub trait Clock: Send + Sync + 'static {
@@ -44,5 +44,30 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ms(&self) -> i64 {
         self.now.load(Ordering::SeqCst)
+    }
+}
+
+/// `ms` since the epoch as RFC 3339 in UTC, to the millisecond (a time
+/// before the epoch reads as the epoch).
+pub fn rfc3339(ms: i64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// Serde's `serialize_with` for a time kept as epoch milliseconds: what
+/// programs read (`--json`) is RFC 3339, as [`rfc3339`] writes it.
+pub mod as_rfc3339 {
+    use serde::Serializer;
+
+    pub fn serialize<S: Serializer>(ms: &i64, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&super::rfc3339(*ms))
+    }
+
+    /// The same for a time that may not have come yet (`null`).
+    pub fn option<S: Serializer>(ms: &Option<i64>, s: S) -> Result<S::Ok, S::Error> {
+        match ms {
+            Some(ms) => serialize(ms, s),
+            None => s.serialize_none(),
+        }
     }
 }

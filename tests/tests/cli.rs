@@ -126,6 +126,9 @@ async fn register_run_work_inspect_and_audit_from_the_command_line() {
         shown.contains("delivery: draft.published to nobody: dead after 2 attempt(s); last error: retries exhausted"),
         "{shown}"
     );
+    let again = cli(url, &["outbox", "redeliver", "--dead", "--json"]).await;
+    let again: Option<serde_json::Value> = serde_json::from_slice(&again.stdout).ok();
+    assert_eq!(again, Some(serde_json::json!({ "redelivered": 1 })));
 
     let audit = cli(url, &["--sinks", &sinks, "audit", "--json"]).await;
     assert!(audit.status.success(), "{audit:?}");

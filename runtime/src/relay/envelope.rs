@@ -1,14 +1,7 @@
 //! What a sink is sent for an event, the same for every kind of sink.
 
-use std::time::Duration;
-
+use crate::clock::rfc3339;
 use crate::store::OutboxRow;
-
-/// `ms` since the epoch as RFC 3339, to the millisecond.
-pub fn rfc3339(ms: i64) -> String {
-    let at = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    humantime::format_rfc3339_millis(at).to_string()
-}
 
 /// What every sink is sent for an event: its identity, type, time, run and
 /// stage (`null` for a run's own event) around the host-written payload.

@@ -28,7 +28,7 @@ use crate::store::{
     ClaimedDelivery, Deliveries, DeliveryClaim, DeliveryFinish, DeliveryResult, NewDelivery,
     OutboxRow, Routing, StoreError,
 };
-pub use envelope::{envelope, rfc3339};
+pub use envelope::envelope;
 pub use nats::SubjectTemplate;
 pub use sinks::{EventPattern, SinkConfig, SinkKind, Sinks};
 pub use webhook::WebhookSecret;

@@ -43,6 +43,7 @@ pub struct ArtifactMeta {
     pub size: i64,
     pub attempt: i64,
     pub plugin_digest: Option<String>,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
     pub created_at: i64,
 }
 

@@ -135,10 +135,13 @@ pub struct DeliveryRow {
     pub sink: String,
     pub state: DeliveryState,
     pub attempts: i64,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
     pub next_at: i64,
     pub last_status: Option<i64>,
     pub last_error: Option<String>,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
     pub created_at: i64,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::option")]
     pub delivered_at: Option<i64>,
 }
 

@@ -135,7 +135,9 @@ pub struct RunRow {
     pub pipeline: String,
     pub state: RunState,
     pub idempotency_key: Option<String>,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
     pub created_at: i64,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::option")]
     pub finished_at: Option<i64>,
     /// The order value taken when the run failed (ADR 0018).
     pub failed_seq: Option<i64>,
@@ -321,7 +323,9 @@ pub struct JobRow {
     pub attempt: i64,
     pub max_attempts: i64,
     pub lease_owner: Option<String>,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::option")]
     pub lease_expires_at: Option<i64>,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
     pub next_run_at: i64,
     pub last_error: Option<String>,
     pub succeeded_seq: Option<i64>,
@@ -336,6 +340,7 @@ pub struct JobSummary {
     pub counts: BTreeMap<String, i64>,
     /// Earliest time after `now` at which a ready job falls due or a lease
     /// expires.
+    #[serde(serialize_with = "crate::clock::as_rfc3339::option")]
     pub next_due_at: Option<i64>,
     /// Running jobs whose lease lapsed by `now` on their last attempt: no
     /// claim takes them; [`Queue::reconcile`](crate::store::Queue::reconcile) ends them.
@@ -358,7 +363,9 @@ pub struct AttemptRow {
     /// `None` for a gate's decision, which ran no plugin.
     pub plugin_digest: Option<String>,
     pub claim_seq: i64,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
     pub claimed_at: i64,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::option")]
     pub finished_at: Option<i64>,
     pub outcome: String,
     pub error: Option<String>,
@@ -379,8 +386,10 @@ pub struct OutboxRow {
     pub stage: String,
     pub event: String,
     pub payload: String,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
     pub created_at: i64,
     /// When a relay routed it to its sinks' deliveries.
+    #[serde(serialize_with = "crate::clock::as_rfc3339::option")]
     pub routed_at: Option<i64>,
 }
 
@@ -466,6 +475,7 @@ pub struct RunEvent {
     pub stage: Option<String>,
     pub kind: String,
     pub detail: String,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
     pub at: i64,
 }
 

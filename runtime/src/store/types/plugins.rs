@@ -32,6 +32,7 @@ pub struct PluginSummary {
     pub version: String,
     pub manifest: String,
     pub size: i64,
+    #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
     pub registered_at: i64,
     pub yanked: bool,
 }

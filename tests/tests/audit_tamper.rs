@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use ratchet_runtime::clock::SystemClock;
+use ratchet_runtime::operator;
 use ratchet_tests::{Backend, DEMO_PLUGINS, Harness};
 
 ratchet_tests::backend_tests! {
@@ -160,6 +161,28 @@ async fn tampered_invariants_are_named(backend: Backend) {
             job("draft")
         ),
         "no longer hash to its recorded digest",
+    )
+    .await;
+    // Retried, then failed again: nothing may start after the new failure
+    // either. Seen failing with the check skipped for every run an operator
+    // had retried once.
+    operator::run_retry(
+        h.store.as_ref(),
+        &doomed,
+        None,
+        false,
+        "op".into(),
+        h.clock.as_ref(),
+    )
+    .await
+    .expect("retry");
+    h.run_until_idle(2).await;
+    assert_eq!(h.run_state(&doomed).await, "failed");
+    caught(
+        &h,
+        &format!("UPDATE attempts SET claim_seq = claim_seq + 1000000 WHERE run_id = '{doomed}'"),
+        &format!("UPDATE attempts SET claim_seq = claim_seq - 1000000 WHERE run_id = '{doomed}'"),
+        "after the run failed",
     )
     .await;
 }

@@ -152,9 +152,13 @@ impl RunAudit<'_> {
             .iter()
             .map(|(b, digest)| ((b.stage.as_str(), b.input.as_str()), digest.as_deref()))
             .collect();
-        let failed_seq = (!self.retried)
-            .then(|| self.run.as_ref().and_then(|r| r.failed_seq))
-            .flatten();
+        // A failed or cancelled run's `failed_seq` is its last failure's: a
+        // retry since would have made it running again.
+        let failed_seq = self
+            .run
+            .as_ref()
+            .filter(|r| matches!(r.state, RunState::Failed | RunState::Cancelled))
+            .and_then(|r| r.failed_seq);
         for a in &page.attempts {
             let stage = a.stage.as_str();
             for (output, digest) in a.canonical_digests.iter().flatten() {
@@ -196,8 +200,7 @@ impl RunAudit<'_> {
                     ),
                 );
             }
-            // A failed or cancelled run starts nothing new, unless an
-            // operator retried it.
+            // A failed or cancelled run starts nothing after it ended.
             if let Some(failed_seq) = failed_seq.filter(|&f| a.claim_seq > f) {
                 self.push(
                     CONTINUATION,

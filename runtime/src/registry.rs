@@ -9,9 +9,9 @@ use crate::manifest::{
 };
 use crate::plugin::{Caps, PluginError, PluginHost};
 use crate::store::{
-    Catalog, History, Intake, JobRepin, JobState, MapSpec, NewJob, PluginPut, PluginPutOutcome,
-    PluginSummary, PluginVersion, RepinOutcome, RunState, RunSubmit, RunSubmitOutcome, StageWork,
-    StoreError, VersionKeyRange, version_key,
+    CallerTransaction, Catalog, History, Intake, JobRepin, JobState, MapSpec, NewJob, PluginPut,
+    PluginPutOutcome, PluginSummary, PluginVersion, RepinOutcome, RunState, RunSubmit,
+    RunSubmitOutcome, StageWork, StoreError, VersionKeyRange, version_key,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +213,36 @@ pub async fn run_submit(
     caps: &Caps,
     clock: &dyn Clock,
 ) -> Result<RunSubmitOutcome, RegistryError> {
+    let r = run_plan(store, pipeline, input, idempotency_key, caps, clock).await?;
+    Ok(store.run_submit(r).await?)
+}
+
+/// [`run_submit`] inside a transaction the caller opened on the same
+/// database and commits or rolls back: the run exists if and only if the
+/// caller commits (docs/embedding.md). The registry is read through
+/// `store`, outside the caller's transaction.
+pub async fn run_submit_in(
+    store: &(impl Catalog + ?Sized),
+    tx: impl CallerTransaction,
+    pipeline: &Pipeline,
+    input: Vec<u8>,
+    idempotency_key: Option<String>,
+    caps: &Caps,
+    clock: &dyn Clock,
+) -> Result<RunSubmitOutcome, RegistryError> {
+    let r = run_plan(store, pipeline, input, idempotency_key, caps, clock).await?;
+    Ok(tx.run_submit(r).await?)
+}
+
+/// The rows of a run of `pipeline`, planned against the registry.
+async fn run_plan(
+    store: &(impl Catalog + ?Sized),
+    pipeline: &Pipeline,
+    input: Vec<u8>,
+    idempotency_key: Option<String>,
+    caps: &Caps,
+    clock: &dyn Clock,
+) -> Result<RunSubmit, RegistryError> {
     let snapshot = RegistrySnapshot::load_for(store, pipeline).await?;
     let plan = pipeline.plan(&snapshot)?;
     let mut jobs: Vec<NewJob> = plan
@@ -246,19 +276,16 @@ pub async fn run_submit(
             job.lists.insert(map.output, map.cap);
         }
     }
-    let outcome = store
-        .run_submit(RunSubmit {
-            run_id: uuid::Uuid::now_v7().to_string(),
-            pipeline: plan.pipeline,
-            idempotency_key,
-            input,
-            jobs,
-            edges: plan.edges,
-            inputs: plan.inputs,
-            now: clock.now_ms(),
-        })
-        .await?;
-    Ok(outcome)
+    Ok(RunSubmit {
+        run_id: uuid::Uuid::now_v7().to_string(),
+        pipeline: plan.pipeline,
+        idempotency_key,
+        input,
+        jobs,
+        edges: plan.edges,
+        inputs: plan.inputs,
+        now: clock.now_ms(),
+    })
 }
 
 /// `name` or `name@version` as the CLI takes it.

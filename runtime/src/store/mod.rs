@@ -275,6 +275,20 @@ macro_rules! impl_store {
 }
 pub(crate) use impl_store;
 
+/// A connection inside a transaction its caller opened, on a database
+/// Ratchet's store was opened on: what [`crate::registry::run_submit_in`]
+/// writes a run into, so the run commits or rolls back with the caller's
+/// own statements. On PostgreSQL, the caller's `Transaction` (deref'd to
+/// its connection); on SQLite, the writer's connection that
+/// [`SqliteStore::write`] lends.
+pub trait CallerTransaction: Send {
+    /// Writes the run's rows ([`Intake::run_submit`]); nothing is committed.
+    fn run_submit(
+        self,
+        r: RunSubmit,
+    ) -> impl std::future::Future<Output = Result<RunSubmitOutcome>> + Send;
+}
+
 /// Opens the store a URL names and applies pending migrations.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
     Ok(open_measured(url).await?)

@@ -18,7 +18,7 @@ pub(super) async fn put_canonical(
 
 /// The statements of `store::canonical` on a write transaction: `INSERT …
 /// ON CONFLICT DO NOTHING RETURNING`, then the winner.
-pub(super) struct Canonical<'t>(pub &'t mut Tx);
+pub(super) struct Canonical<'t>(pub &'t mut sqlx::PgConnection);
 
 impl CanonicalTx for Canonical<'_> {
     async fn artifact_insert(&mut self, a: &ArtifactPut<'_>) -> Result<Option<String>> {
@@ -39,7 +39,7 @@ impl CanonicalTx for Canonical<'_> {
         .bind(a.attempt)
         .bind(a.plugin_digest)
         .bind(a.now)
-        .fetch_optional(&mut **self.0)
+        .fetch_optional(&mut *self.0)
         .await?)
     }
 
@@ -50,7 +50,7 @@ impl CanonicalTx for Canonical<'_> {
         .bind(a.run_id)
         .bind(a.stage)
         .bind(&a.artifact.name)
-        .fetch_one(&mut **self.0)
+        .fetch_one(&mut *self.0)
         .await?)
     }
 }
@@ -131,7 +131,7 @@ impl ModelCallTx for Canonical<'_> {
         .bind(i64::from(m.rejected))
         .bind(m.attempt)
         .bind(m.now)
-        .execute(&mut **self.0)
+        .execute(&mut *self.0)
         .await?;
         Ok(())
     }
@@ -143,7 +143,7 @@ impl ModelCallTx for Canonical<'_> {
         .bind(&m.run_id)
         .bind(&m.stage)
         .bind(m.index)
-        .fetch_one(&mut **self.0)
+        .fetch_one(&mut *self.0)
         .await?;
         rows::model_call(&row)
     }

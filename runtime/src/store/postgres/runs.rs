@@ -13,9 +13,15 @@ pub(super) async fn submit(store: &PostgresStore, r: RunSubmit) -> Result<RunSub
     Ok(outcome)
 }
 
+impl crate::store::CallerTransaction for &mut sqlx::PgConnection {
+    async fn run_submit(self, r: RunSubmit) -> Result<RunSubmitOutcome> {
+        submit::submit(&mut Submitting(self), r).await
+    }
+}
+
 /// The statements of `store::submit` on a write transaction; the rows of a
 /// table go as one array per column.
-struct Submitting<'t>(&'t mut Tx);
+struct Submitting<'t>(&'t mut sqlx::PgConnection);
 
 impl SubmitTx for Submitting<'_> {
     async fn run_insert(&mut self, r: &RunSubmit) -> Result<bool> {
@@ -27,7 +33,7 @@ impl SubmitTx for Submitting<'_> {
         .bind(&r.pipeline)
         .bind(&r.idempotency_key)
         .bind(r.now)
-        .execute(&mut **self.0)
+        .execute(&mut *self.0)
         .await?
         .rows_affected();
         Ok(inserted > 0)
@@ -37,13 +43,13 @@ impl SubmitTx for Submitting<'_> {
         Ok(
             sqlx::query_scalar("SELECT id FROM runs WHERE idempotency_key = $1")
                 .bind(key)
-                .fetch_one(&mut **self.0)
+                .fetch_one(&mut *self.0)
                 .await?,
         )
     }
 
     async fn input_insert(&mut self, input: ArtifactPut<'_>) -> Result<()> {
-        crate::store::canonical::put(&mut artifacts::Canonical(self.0), input).await?;
+        crate::store::canonical::put(&mut artifacts::Canonical(&mut *self.0), input).await?;
         Ok(())
     }
 
@@ -88,7 +94,7 @@ impl SubmitTx for Submitting<'_> {
         .bind(column(&r.jobs, |j| {
             (!j.lists.is_empty()).then(|| to_json(&j.lists))
         }))
-        .execute(&mut **self.0)
+        .execute(&mut *self.0)
         .await?;
         Ok(())
     }
@@ -103,7 +109,7 @@ impl SubmitTx for Submitting<'_> {
         .bind(column(&r.edges, |e| e.from_stage.as_str()))
         .bind(column(&r.edges, |e| e.to_stage.as_str()))
         .bind(column(&r.edges, |e| e.kind.as_str()))
-        .execute(&mut **self.0)
+        .execute(&mut *self.0)
         .await?;
         Ok(())
     }
@@ -120,13 +126,13 @@ impl SubmitTx for Submitting<'_> {
         .bind(column(&r.inputs, |b| b.input.as_str()))
         .bind(column(&r.inputs, |b| b.from_stage.as_str()))
         .bind(column(&r.inputs, |b| b.from_output.as_str()))
-        .execute(&mut **self.0)
+        .execute(&mut *self.0)
         .await?;
         Ok(())
     }
 
     async fn announce_ready(&mut self) -> Result<()> {
-        notify_ready(&mut **self.0).await
+        notify_ready(&mut *self.0).await
     }
 }
 

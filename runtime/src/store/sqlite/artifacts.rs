@@ -22,9 +22,9 @@ pub(super) async fn put_canonical(
 
 /// The statements of `store::canonical` on a write transaction: `INSERT …
 /// ON CONFLICT DO NOTHING RETURNING`, then the winner.
-pub(super) struct Canonical<'t, 'c>(pub &'t mut Tx<'c>);
+pub(super) struct Canonical<'t>(pub &'t mut SqliteConnection);
 
-impl CanonicalTx for Canonical<'_, '_> {
+impl CanonicalTx for Canonical<'_> {
     async fn artifact_insert(&mut self, a: &ArtifactPut<'_>) -> Result<Option<String>> {
         Ok(sqlx::query_scalar(
             "INSERT INTO artifacts (run_id, stage, output, media_type, bytes, digest, size,
@@ -43,7 +43,7 @@ impl CanonicalTx for Canonical<'_, '_> {
         .bind(a.attempt)
         .bind(a.plugin_digest)
         .bind(a.now)
-        .fetch_optional(&mut **self.0)
+        .fetch_optional(&mut *self.0)
         .await?)
     }
 
@@ -54,7 +54,7 @@ impl CanonicalTx for Canonical<'_, '_> {
         .bind(a.run_id)
         .bind(a.stage)
         .bind(&a.artifact.name)
-        .fetch_one(&mut **self.0)
+        .fetch_one(&mut *self.0)
         .await?)
     }
 }
@@ -129,7 +129,7 @@ pub(super) async fn model_call_put(store: &SqliteStore, m: ModelCallPut) -> Resu
     Ok(call)
 }
 
-impl ModelCallTx for Canonical<'_, '_> {
+impl ModelCallTx for Canonical<'_> {
     async fn model_call_insert(&mut self, m: &ModelCallPut) -> Result<()> {
         sqlx::query(
             "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, rejected,
@@ -145,7 +145,7 @@ impl ModelCallTx for Canonical<'_, '_> {
         .bind(i64::from(m.rejected))
         .bind(m.attempt)
         .bind(m.now)
-        .execute(&mut **self.0)
+        .execute(&mut *self.0)
         .await?;
         Ok(())
     }
@@ -157,7 +157,7 @@ impl ModelCallTx for Canonical<'_, '_> {
         .bind(&m.run_id)
         .bind(&m.stage)
         .bind(m.index)
-        .fetch_one(&mut **self.0)
+        .fetch_one(&mut *self.0)
         .await?;
         rows::model_call(&row)
     }

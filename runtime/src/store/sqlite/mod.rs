@@ -97,6 +97,23 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// Runs `f` in a transaction on the writer and commits it if `f`
+    /// returns `Ok` (rolls it back otherwise): for a caller's own statements
+    /// and a run submitted with them ([`crate::registry::run_submit_in`]),
+    /// which commit together or not at all. It holds the writer while `f`
+    /// runs: every other write of this store waits, and other processes
+    /// wait on SQLite's lock (docs/embedding.md).
+    pub async fn write<T, E: From<StoreError>>(
+        &self,
+        f: impl AsyncFnOnce(&mut SqliteConnection) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        let mut writer = self.writer.lock().await;
+        let mut tx = begin_write(&mut writer).await?;
+        let value = f(&mut tx).await?;
+        self.commit(tx).await?;
+        Ok(value)
+    }
+
     /// What the background checkpointer has done, updated as it works.
     pub fn checkpoints(&self) -> tokio::sync::watch::Receiver<CheckpointStats> {
         self.checkpointer.stats()

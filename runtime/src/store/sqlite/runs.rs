@@ -14,24 +14,30 @@ pub(super) async fn submit(store: &SqliteStore, r: RunSubmit) -> Result<RunSubmi
     Ok(outcome)
 }
 
+impl crate::store::CallerTransaction for &mut SqliteConnection {
+    async fn run_submit(self, r: RunSubmit) -> Result<RunSubmitOutcome> {
+        submit::submit(&mut Submitting(self), r).await
+    }
+}
+
 /// The statements of `store::submit` on the writer's transaction; the rows
 /// of a table go as one JSON list (see `complete.rs`).
-struct Submitting<'t, 'c>(&'t mut Tx<'c>);
+struct Submitting<'t>(&'t mut SqliteConnection);
 
-impl Submitting<'_, '_> {
+impl Submitting<'_> {
     /// A run's rows of one table in one statement: `sql` reads the run's id
     /// from `?1` and the rows, a JSON list, from `?2`.
     async fn insert_rows(&mut self, sql: &'static str, run_id: &str, rows: String) -> Result<()> {
         sqlx::query(sql)
             .bind(run_id)
             .bind(rows)
-            .execute(&mut **self.0)
+            .execute(&mut *self.0)
             .await?;
         Ok(())
     }
 }
 
-impl SubmitTx for Submitting<'_, '_> {
+impl SubmitTx for Submitting<'_> {
     async fn run_insert(&mut self, r: &RunSubmit) -> Result<bool> {
         let inserted = sqlx::query(
             "INSERT INTO runs (id, pipeline, state, idempotency_key, created_at, unfinished)
@@ -42,7 +48,7 @@ impl SubmitTx for Submitting<'_, '_> {
         .bind(&r.idempotency_key)
         .bind(r.now)
         .bind(r.jobs.len() as i64)
-        .execute(&mut **self.0)
+        .execute(&mut *self.0)
         .await?
         .rows_affected();
         Ok(inserted > 0)
@@ -52,13 +58,13 @@ impl SubmitTx for Submitting<'_, '_> {
         Ok(
             sqlx::query_scalar("SELECT id FROM runs WHERE idempotency_key = ?")
                 .bind(key)
-                .fetch_one(&mut **self.0)
+                .fetch_one(&mut *self.0)
                 .await?,
         )
     }
 
     async fn input_insert(&mut self, input: ArtifactPut<'_>) -> Result<()> {
-        crate::store::canonical::put(&mut artifacts::Canonical(self.0), input).await?;
+        crate::store::canonical::put(&mut artifacts::Canonical(&mut *self.0), input).await?;
         Ok(())
     }
 
@@ -93,7 +99,7 @@ impl SubmitTx for Submitting<'_, '_> {
         .bind(&r.run_id)
         .bind(r.now)
         .bind(to_json(&jobs))
-        .execute(&mut **self.0)
+        .execute(&mut *self.0)
         .await?;
         Ok(())
     }

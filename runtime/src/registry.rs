@@ -221,6 +221,48 @@ pub async fn run_submit(
 /// database and commits or rolls back: the run exists if and only if the
 /// caller commits (docs/embedding.md). The registry is read through
 /// `store`, outside the caller's transaction.
+///
+/// On PostgreSQL, with the caller's own transaction:
+///
+/// ```no_run
+/// use ratchet_runtime::clock::SystemClock;
+/// use ratchet_runtime::manifest::Pipeline;
+/// use ratchet_runtime::plugin::Caps;
+/// use ratchet_runtime::{registry, store};
+///
+/// # async fn order(pipeline: &Pipeline) -> Result<(), Box<dyn std::error::Error>> {
+/// let url = "postgres://postgres@127.0.0.1:5432/test";
+/// let (store, pool) = (store::open(url).await?, sqlx::PgPool::connect(url).await?);
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("INSERT INTO orders (id) VALUES ('o-17')").execute(&mut *tx).await?;
+/// let (input, key) = (b"o-17".to_vec(), Some("o-17".to_string()));
+/// let caps = Caps::default();
+/// registry::run_submit_in(store.as_ref(), &mut *tx, pipeline, input, key, &caps, &SystemClock)
+///     .await?;
+/// tx.commit().await?; // the order and its run, or neither
+/// # Ok(()) }
+/// ```
+///
+/// On SQLite, on the writer's connection [`crate::store::SqliteStore::write`]
+/// lends, committed when the closure returns `Ok`:
+///
+/// ```no_run
+/// # use ratchet_runtime::clock::SystemClock;
+/// # use ratchet_runtime::manifest::Pipeline;
+/// # use ratchet_runtime::plugin::Caps;
+/// # use ratchet_runtime::registry::{self, RegistryError};
+/// # use ratchet_runtime::store::SqliteStore;
+/// # async fn order(pipeline: &Pipeline) -> Result<(), RegistryError> {
+/// let store = SqliteStore::open("sqlite://orders.db").await?;
+/// let caps = Caps::default();
+/// store
+///     .write(async |conn: &mut sqlx::SqliteConnection| {
+///         let (input, key) = (b"o-17".to_vec(), Some("o-17".to_string()));
+///         registry::run_submit_in(&store, conn, pipeline, input, key, &caps, &SystemClock).await
+///     })
+///     .await?;
+/// # Ok(()) }
+/// ```
 pub async fn run_submit_in(
     store: &(impl Catalog + ?Sized),
     tx: impl CallerTransaction,

@@ -219,6 +219,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the HTTP API (docs/http-api.md) until SIGTERM or Ctrl-C; prints
+    /// `listening on http://ADDR` once it accepts connections. Every request
+    /// but `GET /health` must carry the bearer token in RATCHET_API_TOKEN
+    /// (an environment variable, never an argument), which is required
+    /// unless the address is loopback.
+    Serve {
+        /// Address to listen on (port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+    },
     /// Repair continuations that slipped (expired leases, edge counts) and
     /// reject approval gates whose timeout passed.
     Reconcile {

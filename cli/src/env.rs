@@ -8,23 +8,24 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::{BadInput, Cli, Command, ModelArgs, ModelKind};
-use ratchet_runtime::clock::{Clock, SystemClock};
+use ratchet_runtime::client::Client;
+use ratchet_runtime::clock::Clock;
 use ratchet_runtime::llm::{ModelBackend, OpenAiConfig, OpenAiModel, StochasticModel};
 use ratchet_runtime::plugin::{HostConfig, PluginHost, Policy};
 use ratchet_runtime::scheduler::{Scheduler, SchedulerConfig};
-use ratchet_runtime::store::{self, Store};
+use ratchet_runtime::store::Store;
 
-/// Everything a command needs, opened once.
+/// Everything a command needs, opened once: the [`Client`] every command
+/// goes through, and the parts of it they read often.
 pub struct Env {
     pub db: String,
     /// The global options this process runs with, for a child `ratchet`
     /// process that must run the same way (the demo's crashing worker).
     pub global_args: Vec<std::ffi::OsString>,
+    pub client: Client,
     pub store: Arc<dyn Store>,
     pub clock: Arc<dyn Clock>,
     pub host: Arc<PluginHost>,
-    /// The policy's `[concurrency]` caps, for this process's claims.
-    pub caps: Arc<[ratchet_runtime::store::PluginCap]>,
     /// The policy's `[caps]`, for the runs this process submits.
     pub limits: ratchet_runtime::plugin::Caps,
 }
@@ -33,38 +34,30 @@ impl Env {
     pub async fn open(cli: &Cli) -> Result<Self> {
         let db = cli.db.as_str();
         let config = host_config(cli)?;
-        let caps = config.policy.plugin_caps();
-        let limits = config.policy.caps;
         let model = model_backend(&cli.model)?;
-        let store = store::open(db).await.context("cannot open the database")?;
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let host = Arc::new(PluginHost::new(
-            store.clone(),
-            model,
-            clock.clone(),
-            config,
-        )?);
+        let mut builder = Client::builder(db).policy(config.policy).model(model);
+        if let Some(dir) = config.cache_dir {
+            builder = builder.cache_dir(dir);
+        }
+        if let Some(slots) = config.pooling {
+            builder = builder.pooling(slots);
+        }
+        let client = builder.open().await.context("cannot open the database")?;
         Ok(Self {
             db: db.to_string(),
             global_args: cli.global_args(),
-            store,
-            clock,
-            host,
-            caps,
-            limits,
+            store: client.store().clone(),
+            clock: client.clock().clone(),
+            host: client.host().clone(),
+            limits: *client.limits(),
+            client,
         })
     }
 
     pub fn scheduler(&self, worker_id: String, lease_ms: i64) -> Arc<Scheduler> {
         let mut config = SchedulerConfig::new(worker_id);
         config.lease_ms = lease_ms;
-        config.caps = self.caps.clone();
-        Arc::new(Scheduler::new(
-            self.store.clone(),
-            self.host.clone(),
-            self.clock.clone(),
-            config,
-        ))
+        self.client.scheduler(config)
     }
 }
 

@@ -14,6 +14,7 @@ mod exit;
 mod inspect;
 mod operate;
 mod relay;
+pub mod serve;
 mod signal;
 mod when;
 
@@ -32,7 +33,7 @@ use signal::shutdown_signal;
 use ratchet_runtime::manifest::Pipeline;
 use ratchet_runtime::registry;
 use ratchet_runtime::relay::RelayConfig;
-use ratchet_runtime::store::{PluginPutOutcome, RunSubmitOutcome};
+use ratchet_runtime::store::PluginPutOutcome;
 use ratchet_runtime::worker::{self, WorkerOptions};
 
 pub fn main() -> ExitCode {
@@ -138,6 +139,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             return Err(BadInput(format!("cannot read `{}`: no such file", file.display())).into());
         }
     }
+    // An address `serve` must not answer on without a token is refused
+    // before the database is opened.
+    let token = match &cli.command {
+        Command::Serve { listen } => serve::token(*listen)?,
+        _ => None,
+    };
     let env = Env::open(&cli).await?;
     match cli.command {
         Command::Demo {
@@ -147,10 +154,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Plugin(PluginCommand::Add { file, json }) => {
             let bytes = std::fs::read(&file)
                 .map_err(|e| BadInput(format!("cannot read `{}`: {e}", file.display())))?;
-            let registered =
-                registry::plugin_register(env.store.as_ref(), &env.host, bytes, env.clock.as_ref())
-                    .await
-                    .with_context(|| format!("`{}` was not registered", file.display()))?;
+            let registered = env
+                .client
+                .register(bytes)
+                .await
+                .with_context(|| format!("`{}` was not registered", file.display()))?;
             let (name, version) = (&registered.manifest.name, &registered.manifest.version);
             let inserted = registered.outcome == PluginPutOutcome::Inserted;
             if json {
@@ -205,22 +213,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 })?,
                 None => Vec::new(),
             };
-            let outcome = registry::run_submit(
-                env.store.as_ref(),
-                &parsed,
-                input,
-                idempotency_key,
-                &env.limits,
-                env.clock.as_ref(),
-            )
-            .await?;
+            let submitted = env.client.submit(&parsed, input, idempotency_key).await?;
             if json {
-                let created = matches!(outcome, RunSubmitOutcome::Created(_));
-                return inspect::print_json(
-                    &serde_json::json!({ "run_id": outcome.run_id(), "created": created }),
-                );
+                return inspect::print_json(&serde_json::to_value(&submitted)?);
             }
-            println!("{}", outcome.run_id());
+            println!("{}", submitted.run_id);
             Ok(ExitCode::SUCCESS)
         }
         Command::Worker {
@@ -357,5 +354,6 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             "`bench` runs on scratch databases and is dispatched before `--db` is opened"
         )),
         command @ Command::Reconcile { .. } => operate::run(&env, command).await,
+        Command::Serve { listen } => serve::run(env.client.clone(), listen, token).await,
     }
 }

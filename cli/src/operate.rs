@@ -13,7 +13,7 @@ use crate::args::DecisionArgs;
 use crate::{Command, Env, inspect};
 
 pub async fn run(env: &Env, command: Command) -> Result<ExitCode> {
-    let (store, clock) = (env.store.as_ref(), env.clock.as_ref());
+    let client = &env.client;
     match command {
         Command::Cancel {
             run,
@@ -22,7 +22,7 @@ pub async fn run(env: &Env, command: Command) -> Result<ExitCode> {
             json,
         } => {
             let by = by.unwrap_or_else(operator::os_user);
-            let (in_flight, waiting) = operator::run_cancel(store, &run, reason, by, clock).await?;
+            let (in_flight, waiting) = client.cancel(&run, reason, by).await?;
             if json {
                 let doc = serde_json::json!({
                     "run": run, "state": "cancelled", "in_flight": in_flight, "waiting": waiting,
@@ -41,7 +41,7 @@ pub async fn run(env: &Env, command: Command) -> Result<ExitCode> {
             json,
         } => {
             let by = by.unwrap_or_else(operator::os_user);
-            let retried = operator::run_retry(store, &run, stage, fresh, by, clock).await?;
+            let retried = client.retry(&run, stage, fresh, by).await?;
             if json {
                 return inspect::print_json(&serde_json::json!({ "run": run, "retried": retried }));
             }
@@ -63,7 +63,7 @@ pub async fn run(env: &Env, command: Command) -> Result<ExitCode> {
             decision,
         } => return decide(env, &run, &stage, Verdict::Rejected, decision).await,
         Command::Reconcile { json } => {
-            let report = env.store.reconcile(clock.now_ms()).await?;
+            let report = env.store.reconcile(env.clock.now_ms()).await?;
             if json {
                 return inspect::print_json(&serde_json::to_value(&report)?);
             }
@@ -82,16 +82,9 @@ async fn decide(
     args: DecisionArgs,
 ) -> Result<ExitCode> {
     let by = args.by.unwrap_or_else(operator::os_user);
-    let decision = operator::gate_decide(
-        env.store.as_ref(),
-        run,
-        stage,
-        verdict,
-        by,
-        args.note,
-        env.clock.as_ref(),
-    )
-    .await?;
+    let decision = (env.client)
+        .decide(run, stage, verdict, by, args.note)
+        .await?;
     if args.json {
         return inspect::print_json(
             &serde_json::json!({ "run": run, "stage": stage, "decision": decision }),

@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod bundled;
+pub mod client;
 pub mod clock;
 pub mod crash;
 pub mod digest;

@@ -148,7 +148,7 @@ pub async fn gate_decide(
 }
 
 fn no_run(run_id: &str) -> RegistryError {
-    RegistryError::Refused(format!(
+    RegistryError::NotFound(format!(
         "no run `{run_id}` in this database (`ratchet status` lists the runs)"
     ))
 }

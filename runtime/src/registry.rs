@@ -25,6 +25,9 @@ pub enum RegistryError {
     /// The request cannot be carried out as asked (exit code 2 in the CLI).
     #[error("{0}")]
     Refused(String),
+    /// What the request names does not exist (exit code 2; HTTP 404).
+    #[error("{0}")]
+    NotFound(String),
 }
 
 #[derive(Debug, Clone)]
@@ -360,7 +363,7 @@ pub async fn plugin_versions(
         .collect();
     if found.is_empty() {
         let what = version.map_or(name.to_string(), |v| format!("{name}@{v}"));
-        return Err(RegistryError::Refused(format!(
+        return Err(RegistryError::NotFound(format!(
             "plugin `{what}` is not registered (see `ratchet plugin list`)"
         )));
     }

@@ -68,6 +68,21 @@ pub enum PluginError {
     NotAdmitted(String),
 }
 
+impl PluginError {
+    /// Whether the component itself is at fault (not a Wasm component,
+    /// the wrong world, a bad manifest, refused by the policy): sending
+    /// the same bytes again fails the same way.
+    pub fn is_bad_component(&self) -> bool {
+        matches!(
+            self,
+            PluginError::InvalidComponent(_)
+                | PluginError::WrongWorld(_)
+                | PluginError::Manifest(_)
+                | PluginError::NotAdmitted(_)
+        )
+    }
+}
+
 /// Why an attempt failed inside the sandbox, and whether a retry may help.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExecError {

@@ -208,6 +208,9 @@ macro_rules! impl_store {
             async fn run_list(&self) -> Result<Vec<RunRow>> {
                 runs::list(self).await
             }
+            async fn run_page(&self, q: &RunQuery) -> Result<Vec<RunRow>> {
+                runs::page(self, q).await
+            }
             async fn run_events(&self, run_id: &str) -> Result<Vec<RunEvent>> {
                 runs::events(self, run_id).await
             }

@@ -186,6 +186,9 @@ pub trait Journal: Send + Sync {
 pub trait History: Send + Sync {
     async fn run_get(&self, run_id: &str) -> Result<Option<RunRow>>;
     async fn run_list(&self) -> Result<Vec<RunRow>>;
+    /// Up to `q.limit` runs matching `q`, newest first (run ids are
+    /// UUIDv7s, ordered by time): an API's page of runs.
+    async fn run_page(&self, q: &RunQuery) -> Result<Vec<RunRow>>;
     /// A run's recorded history (upgrades), oldest first.
     async fn run_events(&self, run_id: &str) -> Result<Vec<RunEvent>>;
     /// Up to `limit` run ids after `after` (from the first), in id order:

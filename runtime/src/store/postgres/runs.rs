@@ -151,6 +151,22 @@ pub(super) async fn list(store: &PostgresStore) -> Result<Vec<RunRow>> {
     rows.iter().map(rows::run_row).collect()
 }
 
+pub(super) async fn page(store: &PostgresStore, q: &RunQuery) -> Result<Vec<RunRow>> {
+    let rows = sqlx::query(
+        "SELECT * FROM runs
+         WHERE ($1::TEXT IS NULL OR state = $1::TEXT) AND ($2::TEXT IS NULL OR pipeline = $2::TEXT)
+           AND ($3::TEXT IS NULL OR id < $3::TEXT)
+         ORDER BY id DESC LIMIT $4",
+    )
+    .bind(q.state.map(RunState::as_str))
+    .bind(q.pipeline.as_deref())
+    .bind(q.before.as_deref())
+    .bind(i64::try_from(q.limit).unwrap_or(i64::MAX))
+    .fetch_all(&store.pool)
+    .await?;
+    rows.iter().map(rows::run_row).collect()
+}
+
 pub(super) async fn events(store: &PostgresStore, run_id: &str) -> Result<Vec<RunEvent>> {
     let rows = sqlx::query("SELECT * FROM run_events WHERE run_id = $1 ORDER BY id")
         .bind(run_id)

@@ -156,6 +156,22 @@ pub(super) async fn list(store: &SqliteStore) -> Result<Vec<RunRow>> {
     rows.iter().map(rows::run_row).collect()
 }
 
+pub(super) async fn page(store: &SqliteStore, q: &RunQuery) -> Result<Vec<RunRow>> {
+    let rows = sqlx::query(
+        "SELECT * FROM runs
+         WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR pipeline = ?2)
+           AND (?3 IS NULL OR id < ?3)
+         ORDER BY id DESC LIMIT ?4",
+    )
+    .bind(q.state.map(RunState::as_str))
+    .bind(q.pipeline.as_deref())
+    .bind(q.before.as_deref())
+    .bind(i64::try_from(q.limit).unwrap_or(i64::MAX))
+    .fetch_all(&store.pool)
+    .await?;
+    rows.iter().map(rows::run_row).collect()
+}
+
 pub(super) async fn events(store: &SqliteStore, run_id: &str) -> Result<Vec<RunEvent>> {
     let rows = sqlx::query("SELECT * FROM run_events WHERE run_id = ? ORDER BY id")
         .bind(run_id)

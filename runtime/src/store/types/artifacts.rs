@@ -33,7 +33,7 @@ pub struct CanonicalArtifact {
     pub inserted: bool,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ArtifactMeta {
     pub run_id: String,
     pub stage: String,
@@ -44,6 +44,7 @@ pub struct ArtifactMeta {
     pub attempt: i64,
     pub plugin_digest: Option<String>,
     #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: i64,
 }
 
@@ -66,7 +67,7 @@ pub struct ModelCallPut {
     pub now: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct ModelCall {
     pub run_id: String,
     pub stage: String,

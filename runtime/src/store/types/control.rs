@@ -53,7 +53,7 @@ pub struct RunRetry {
 /// What a retry resumed: the run is `running` again in its next
 /// `generation`; `stages` got a new budget of attempts;
 /// `journal_discarded` model answers were dropped (`fresh`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Retried {
     pub generation: i64,
     pub stages: Vec<String>,

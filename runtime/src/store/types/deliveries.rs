@@ -8,7 +8,19 @@ use super::OutboxRow;
 /// Where a delivery stands. `pending` covers waiting, being sent and
 /// waiting to be retried; the other two are final until an operator
 /// redelivers a dead letter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum DeliveryState {
     Pending,
@@ -125,7 +137,7 @@ pub struct DeliveryFilter {
 }
 
 /// One delivery as `ratchet outbox` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct DeliveryRow {
     pub id: i64,
     pub outbox_id: i64,
@@ -136,12 +148,15 @@ pub struct DeliveryRow {
     pub state: DeliveryState,
     pub attempts: i64,
     #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
+    #[schema(value_type = String, format = DateTime)]
     pub next_at: i64,
     pub last_status: Option<i64>,
     pub last_error: Option<String>,
     #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: i64,
     #[serde(serialize_with = "crate::clock::as_rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub delivered_at: Option<i64>,
 }
 

@@ -32,7 +32,9 @@ pub const RUN_FAILED_IN_FLIGHT: &str =
 
 /// Run states: a run is `running` until every stage succeeded, one died,
 /// or an operator cancelled it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum RunState {
     Running,
@@ -129,18 +131,30 @@ impl RunSubmitOutcome {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct RunRow {
     pub id: String,
     pub pipeline: String,
     pub state: RunState,
     pub idempotency_key: Option<String>,
     #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: i64,
     #[serde(serialize_with = "crate::clock::as_rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub finished_at: Option<i64>,
     /// The order value taken when the run failed (ADR 0018).
     pub failed_seq: Option<i64>,
+}
+
+/// A page of runs, newest first ([`History::run_page`](super::History::run_page)).
+#[derive(Debug, Clone, Default)]
+pub struct RunQuery {
+    pub state: Option<RunState>,
+    pub pipeline: Option<String>,
+    /// Only runs older than this one (the last id of the page before).
+    pub before: Option<String>,
+    pub limit: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -303,7 +317,7 @@ pub enum FailOutcome {
     LeaseLost,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct JobRow {
     pub id: i64,
     pub run_id: String,
@@ -324,8 +338,10 @@ pub struct JobRow {
     pub max_attempts: i64,
     pub lease_owner: Option<String>,
     #[serde(serialize_with = "crate::clock::as_rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub lease_expires_at: Option<i64>,
     #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
+    #[schema(value_type = String, format = DateTime)]
     pub next_run_at: i64,
     pub last_error: Option<String>,
     pub succeeded_seq: Option<i64>,
@@ -353,7 +369,7 @@ impl JobSummary {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct AttemptRow {
     pub job_id: i64,
     pub attempt: i64,
@@ -364,8 +380,10 @@ pub struct AttemptRow {
     pub plugin_digest: Option<String>,
     pub claim_seq: i64,
     #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
+    #[schema(value_type = String, format = DateTime)]
     pub claimed_at: i64,
     #[serde(serialize_with = "crate::clock::as_rfc3339::option")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub finished_at: Option<i64>,
     pub outcome: String,
     pub error: Option<String>,

@@ -25,7 +25,7 @@ pub struct PluginRecord {
     pub component: Vec<u8>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct PluginSummary {
     pub digest: String,
     pub name: String,
@@ -33,6 +33,7 @@ pub struct PluginSummary {
     pub manifest: String,
     pub size: i64,
     #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
+    #[schema(value_type = String, format = DateTime)]
     pub registered_at: i64,
     pub yanked: bool,
 }

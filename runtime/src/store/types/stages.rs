@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 pub const GATE_OUTPUT: &str = "decision";
 
 /// Job states; see docs/job-states.md for the diagram.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum JobState {
     Blocked,
@@ -116,7 +116,7 @@ pub struct GateSpec {
     pub timeout_ms: Option<i64>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
     Approved,
@@ -134,7 +134,7 @@ impl Verdict {
 
 /// A gate's decision: the bytes of its canonical artifact
 /// ([`GATE_OUTPUT`]), which downstream stages consume.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Decision {
     pub decision: Verdict,
     /// Who decided: an operator's name, or `timeout` when the gate's

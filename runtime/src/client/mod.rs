@@ -1,0 +1,576 @@
+//! One API for everything a program does with Ratchet: open a database,
+//! register plugins, submit runs (also inside the caller's transaction),
+//! wait for them, read what they made, cancel, retry and approve, and run
+//! a worker in the caller's tokio runtime. The `ratchet` command line and
+//! `ratchet serve` are thin layers over it (docs/embedding.md).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ratchet_runtime::client::Client;
+//! use ratchet_runtime::manifest::Pipeline;
+//! use ratchet_runtime::worker::WorkerOptions;
+//!
+//! # async fn demo(component: Vec<u8>) -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::open("sqlite://ratchet.db").await?;
+//! client.register(component).await?;
+//! let pipeline = Pipeline::parse(
+//!     "inline",
+//!     "name = \"one\"\n[[stage]]\nname = \"a\"\nplugin = \"noop@^1\"\n",
+//! )?;
+//! let run = client.submit(&pipeline, b"hello".to_vec(), Some("order-17".into())).await?;
+//! let worker = client.worker("embedded", WorkerOptions::default());
+//! let finished = client.wait(&run.run_id, Duration::from_secs(30)).await?;
+//! println!("{} {}", finished.id, finished.state);
+//! worker.stop(Duration::from_secs(10)).await?;
+//! # Ok(()) }
+//! ```
+
+mod watch;
+mod worker;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::llm::{ModelBackend, StochasticModel};
+use crate::manifest::Pipeline;
+use crate::operator;
+use crate::plugin::{Caps, HostConfig, PluginError, PluginHost, Policy};
+use crate::registry::{self, Registered, RegistryError};
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::store::{
+    self, Artifact, ArtifactMeta, AttemptRow, CallerTransaction, Decision, DeliveryFilter,
+    DeliveryRow, JobRow, ModelCall, PluginCap, PluginSummary, Retried, RunQuery, RunRow,
+    RunSubmitOutcome, SqliteStore, Store, StoreError, Verdict,
+};
+use crate::worker::WorkerError;
+
+pub use watch::{RunChange, RunWatch};
+pub use worker::WorkerHandle;
+
+/// What a client operation can end with. [`ClientError::kind`] sorts them
+/// for the faces: the command line's exit code, the HTTP API's status.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    #[error(
+        "run `{run}` is still {state} after {waited:?}; wait longer, or see `ratchet status {run}`"
+    )]
+    Timeout {
+        run: String,
+        state: store::RunState,
+        waited: Duration,
+    },
+    #[error(
+        "the worker did not stop within {0:?}; its attempts were abandoned and are retried once their leases expire"
+    )]
+    Abandoned(Duration),
+}
+
+/// What kind of failure an error is, the same for every face.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The input is wrong: a pipeline, a component, a version (fix it).
+    Invalid,
+    /// What it names does not exist.
+    NotFound,
+    /// It exists, but its state does not allow this (a finished run).
+    Conflict,
+    /// The database or a worker failed; the same request may succeed later.
+    Unavailable,
+    /// Anything else: a bug or a corrupt row.
+    Internal,
+}
+
+impl ClientError {
+    pub fn kind(&self) -> ErrorKind {
+        let store_kind = |e: &StoreError| match e {
+            StoreError::UnsupportedUrl(_) => ErrorKind::Invalid,
+            StoreError::VersionConflict { .. } => ErrorKind::Conflict,
+            e if e.is_transient() => ErrorKind::Unavailable,
+            e if e.is_refusal() => ErrorKind::Invalid,
+            _ => ErrorKind::Internal,
+        };
+        let plugin_kind = |e: &PluginError| {
+            if e.is_bad_component() {
+                ErrorKind::Invalid
+            } else {
+                ErrorKind::Internal
+            }
+        };
+        match self {
+            ClientError::Registry(RegistryError::Manifest(_)) => ErrorKind::Invalid,
+            ClientError::Registry(RegistryError::NotFound(_)) => ErrorKind::NotFound,
+            ClientError::Registry(RegistryError::Refused(_)) => ErrorKind::Conflict,
+            ClientError::Registry(RegistryError::Store(e)) | ClientError::Store(e) => store_kind(e),
+            ClientError::Registry(RegistryError::Plugin(e)) | ClientError::Plugin(e) => {
+                plugin_kind(e)
+            }
+            ClientError::Timeout { .. } => ErrorKind::Conflict,
+            ClientError::Worker(_) | ClientError::Abandoned(_) => ErrorKind::Unavailable,
+        }
+    }
+}
+
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// A run submitted: its id, and whether this call created it (`false`: its
+/// idempotency key named a run submitted before, which is returned).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct Submitted {
+    pub run_id: String,
+    pub created: bool,
+}
+
+impl From<RunSubmitOutcome> for Submitted {
+    fn from(o: RunSubmitOutcome) -> Self {
+        let created = matches!(o, RunSubmitOutcome::Created(_));
+        Self {
+            run_id: o.run_id().to_string(),
+            created,
+        }
+    }
+}
+
+/// A run with its stages.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct RunDetail {
+    #[serde(flatten)]
+    pub run: RunRow,
+    pub stages: Vec<JobRow>,
+}
+
+/// A page of runs, newest first, and the cursor of the next page (`None`
+/// on the last).
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct RunPage {
+    pub runs: Vec<RunRow>,
+    pub next_cursor: Option<String>,
+}
+
+/// How [`Client::builder`] opens a client: the plugin policy, the model
+/// backend, the component cache, the clock and how often waits poll.
+pub struct ClientBuilder {
+    url: String,
+    policy: Policy,
+    model: Arc<dyn ModelBackend>,
+    clock: Arc<dyn Clock>,
+    cache_dir: Option<PathBuf>,
+    pooling: Option<u32>,
+    poll: Duration,
+}
+
+impl std::fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("url", &self.url)
+            .finish()
+    }
+}
+
+impl ClientBuilder {
+    /// The operator's policy (docs/configuration.md); the default admits
+    /// every plugin with the default limits.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Where stages' model calls go; a seeded stand-in by default.
+    pub fn model(mut self, model: Arc<dyn ModelBackend>) -> Self {
+        self.model = model;
+        self
+    }
+
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Keep compiled components in this folder across restarts.
+    pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cache_dir = Some(dir.into());
+        self
+    }
+
+    /// Preallocate instance slots for this many attempts at once.
+    pub fn pooling(mut self, slots: u32) -> Self {
+        self.pooling = Some(slots);
+        self
+    }
+
+    /// How often [`Client::wait`] and [`Client::watch`] read a run's state
+    /// (200 ms by default).
+    pub fn poll(mut self, every: Duration) -> Self {
+        self.poll = every;
+        self
+    }
+
+    /// Opens the database (applying pending migrations) and the plugin host.
+    pub async fn open(self) -> Result<Client> {
+        // SQLite's store is kept as itself too, to lend its writer.
+        let (store, sqlite): (Arc<dyn Store>, _) = if self.url.starts_with("sqlite:") {
+            let sqlite = Arc::new(SqliteStore::open(&self.url).await?);
+            (sqlite.clone(), Some(sqlite))
+        } else {
+            (store::open(&self.url).await?, None)
+        };
+        let caps = self.policy.plugin_caps();
+        let limits = self.policy.caps;
+        let config = HostConfig {
+            policy: self.policy,
+            cache_dir: self.cache_dir,
+            pooling: self.pooling,
+        };
+        let host = PluginHost::new(store.clone(), self.model, self.clock.clone(), config)?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                store,
+                sqlite,
+                host: Arc::new(host),
+                clock: self.clock,
+                caps,
+                limits,
+                poll: self.poll,
+            }),
+        })
+    }
+}
+
+/// A handle on one Ratchet database; cheap to clone and share.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    sqlite: Option<Arc<SqliteStore>>,
+    host: Arc<PluginHost>,
+    clock: Arc<dyn Clock>,
+    caps: Arc<[PluginCap]>,
+    limits: Caps,
+    poll: Duration,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Opens the database a URL names (`sqlite://PATH`, `postgres://…`)
+    /// with the default policy and model backend.
+    pub async fn open(url: &str) -> Result<Self> {
+        Self::builder(url).open().await
+    }
+
+    pub fn builder(url: impl Into<String>) -> ClientBuilder {
+        ClientBuilder {
+            url: url.into(),
+            policy: Policy::default(),
+            model: Arc::new(StochasticModel),
+            clock: Arc::new(SystemClock),
+            cache_dir: None,
+            pooling: None,
+            poll: Duration::from_millis(200),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// On SQLite, the store itself: its [`SqliteStore::write`] lends the
+    /// one writer's connection for the caller's own statements and a run
+    /// submitted with them ([`Client::submit_in`]). `None` on PostgreSQL,
+    /// where the caller begins its own transaction.
+    pub fn sqlite(&self) -> Option<&SqliteStore> {
+        self.inner.sqlite.as_deref()
+    }
+
+    pub fn host(&self) -> &Arc<PluginHost> {
+        &self.inner.host
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The policy's `[caps]`, applied to every run this client submits.
+    pub fn limits(&self) -> &Caps {
+        &self.inner.limits
+    }
+
+    /// Registers a component (its bytes) under the name and version its
+    /// manifest declares; registering the same bytes again is a no-op.
+    pub async fn register(&self, component: Vec<u8>) -> Result<Registered> {
+        let i = &self.inner;
+        Ok(
+            registry::plugin_register(i.store.as_ref(), &i.host, component, i.clock.as_ref())
+                .await?,
+        )
+    }
+
+    pub async fn plugins(&self) -> Result<Vec<PluginSummary>> {
+        Ok(self.inner.store.plugin_list().await?)
+    }
+
+    /// Submits a run of `pipeline` on `input`. A second submit with the
+    /// same `idempotency_key` writes nothing and returns the first run.
+    pub async fn submit(
+        &self,
+        pipeline: &Pipeline,
+        input: Vec<u8>,
+        idempotency_key: Option<String>,
+    ) -> Result<Submitted> {
+        let i = &self.inner;
+        let outcome = registry::run_submit(
+            i.store.as_ref(),
+            pipeline,
+            input,
+            idempotency_key,
+            &i.limits,
+            i.clock.as_ref(),
+        )
+        .await?;
+        Ok(outcome.into())
+    }
+
+    /// [`Client::submit`] inside the caller's open transaction: the run
+    /// exists if and only if the caller commits. On PostgreSQL pass
+    /// `&mut *tx` of your own `sqlx::Transaction`; on SQLite, the
+    /// connection [`SqliteStore::write`] of [`Client::sqlite`] lends (it
+    /// holds the one writer while open). See docs/embedding.md.
+    ///
+    /// ```no_run
+    /// # use ratchet_runtime::client::{Client, ClientError};
+    /// # use ratchet_runtime::manifest::Pipeline;
+    /// # use ratchet_runtime::store::StoreError;
+    /// # async fn order(client: &Client, pipeline: &Pipeline) -> Result<(), ClientError> {
+    /// // PostgreSQL: your own transaction.
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/test").await.map_err(StoreError::from)?;
+    /// let mut tx = pool.begin().await.map_err(StoreError::from)?;
+    /// client.submit_in(&mut *tx, pipeline, b"o-17".to_vec(), Some("o-17".into())).await?;
+    /// tx.commit().await.map_err(StoreError::from)?;
+    ///
+    /// // SQLite: the transaction the one writer lends, committed on `Ok`.
+    /// if let Some(sqlite) = client.sqlite() {
+    ///     sqlite
+    ///         .write(async |conn: &mut sqlx::SqliteConnection| {
+    ///             client.submit_in(conn, pipeline, b"o-18".to_vec(), Some("o-18".into())).await
+    ///         })
+    ///         .await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn submit_in(
+        &self,
+        tx: impl CallerTransaction,
+        pipeline: &Pipeline,
+        input: Vec<u8>,
+        idempotency_key: Option<String>,
+    ) -> Result<Submitted> {
+        let i = &self.inner;
+        let outcome = registry::run_submit_in(
+            i.store.as_ref(),
+            tx,
+            pipeline,
+            input,
+            idempotency_key,
+            &i.limits,
+            i.clock.as_ref(),
+        )
+        .await?;
+        Ok(outcome.into())
+    }
+
+    /// A run with its stages.
+    pub async fn run(&self, run_id: &str) -> Result<RunDetail> {
+        let store = &self.inner.store;
+        let run = store.run_get(run_id).await?.ok_or_else(|| no_run(run_id))?;
+        let stages = store.job_list(run_id).await?;
+        Ok(RunDetail { run, stages })
+    }
+
+    /// A page of runs, newest first; pass the page's `next_cursor` as
+    /// `query.before` for the next one.
+    pub async fn runs(&self, query: &RunQuery) -> Result<RunPage> {
+        let limit = query.limit.clamp(1, 1000);
+        let mut q = query.clone();
+        q.limit = limit + 1;
+        let mut runs = self.inner.store.run_page(&q).await?;
+        let more = runs.len() > limit;
+        runs.truncate(limit);
+        let next_cursor = more.then(|| runs.last().map(|r| r.id.clone())).flatten();
+        Ok(RunPage { runs, next_cursor })
+    }
+
+    /// Every attempt of a run, or of one of its stages, oldest first.
+    pub async fn attempts(&self, run_id: &str, stage: Option<&str>) -> Result<Vec<AttemptRow>> {
+        let detail = self.run(run_id).await?;
+        if let Some(stage) = stage
+            && !detail.stages.iter().any(|j| j.stage == stage)
+        {
+            return Err(no_stage(run_id, stage));
+        }
+        let mut attempts = self.inner.store.attempt_list(run_id).await?;
+        if let Some(stage) = stage {
+            attempts.retain(|a| a.stage == stage);
+        }
+        Ok(attempts)
+    }
+
+    /// The canonical artifact `stage.output` of a run: its bytes and
+    /// media type.
+    pub async fn artifact(&self, run_id: &str, stage: &str, output: &str) -> Result<Artifact> {
+        let found = self.inner.store.artifact_get(run_id, stage, output).await?;
+        match found {
+            Some(a) => Ok(a),
+            None => {
+                self.run(run_id).await?;
+                Err(RegistryError::NotFound(format!(
+                    "run `{run_id}` has no artifact `{stage}.{output}` (yet); `ratchet artifacts {run_id}` lists them"
+                ))
+                .into())
+            }
+        }
+    }
+
+    pub async fn artifacts(&self, run_id: &str) -> Result<Vec<ArtifactMeta>> {
+        self.run(run_id).await?;
+        Ok(self.inner.store.artifact_list(run_id).await?)
+    }
+
+    /// The run's journal of model calls: what each stage asked and the
+    /// answer it continued from.
+    pub async fn model_calls(&self, run_id: &str) -> Result<Vec<ModelCall>> {
+        self.run(run_id).await?;
+        Ok(self.inner.store.model_call_list(run_id).await?)
+    }
+
+    /// The outbox's deliveries to sinks.
+    pub async fn deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
+        Ok(self.inner.store.delivery_list(filter).await?)
+    }
+
+    /// Cancels a running run: its attempts in flight are fenced out and its
+    /// waiting stages never start. Returns how many of each.
+    pub async fn cancel(
+        &self,
+        run_id: &str,
+        reason: Option<String>,
+        by: String,
+    ) -> Result<(u64, u64)> {
+        let i = &self.inner;
+        Ok(operator::run_cancel(i.store.as_ref(), run_id, reason, by, i.clock.as_ref()).await?)
+    }
+
+    /// Retries a failed or cancelled run from the stages that did not
+    /// succeed (from `stage`, if named); `fresh` discards their journaled
+    /// model answers.
+    pub async fn retry(
+        &self,
+        run_id: &str,
+        stage: Option<String>,
+        fresh: bool,
+        by: String,
+    ) -> Result<Retried> {
+        let i = &self.inner;
+        let clock = i.clock.as_ref();
+        Ok(operator::run_retry(i.store.as_ref(), run_id, stage, fresh, by, clock).await?)
+    }
+
+    /// Approves or rejects the approval gate `stage` of a run.
+    pub async fn decide(
+        &self,
+        run_id: &str,
+        stage: &str,
+        verdict: Verdict,
+        by: String,
+        note: Option<String>,
+    ) -> Result<Decision> {
+        let i = &self.inner;
+        let clock = i.clock.as_ref();
+        Ok(
+            operator::gate_decide(i.store.as_ref(), run_id, stage, verdict, by, note, clock)
+                .await?,
+        )
+    }
+
+    /// Watches a run: its current state first, then each change, until it
+    /// has finished. Reads the run every `poll` (see [`ClientBuilder::poll`]).
+    pub fn watch(&self, run_id: &str) -> RunWatch {
+        RunWatch::new(self.inner.store.clone(), run_id, self.inner.poll)
+    }
+
+    /// Waits until the run has finished (succeeded, failed or cancelled),
+    /// at most `timeout`; returns it as it finished.
+    pub async fn wait(&self, run_id: &str, timeout: Duration) -> Result<RunRow> {
+        let mut watch = self.watch(run_id);
+        let finished = tokio::time::timeout(timeout, async {
+            while watch.next().await?.is_some() {}
+            Ok::<_, ClientError>(())
+        })
+        .await;
+        match finished {
+            Ok(done) => {
+                done?;
+                self.run(run_id).await.map(|d| d.run)
+            }
+            Err(_) => Err(ClientError::Timeout {
+                run: run_id.to_string(),
+                state: watch.state().unwrap_or(store::RunState::Running),
+                waited: timeout,
+            }),
+        }
+    }
+
+    /// Starts a worker on the caller's tokio runtime; stop it with
+    /// [`WorkerHandle::stop`], which lets its attempts in flight finish.
+    pub fn worker(
+        &self,
+        worker_id: impl Into<String>,
+        options: crate::worker::WorkerOptions,
+    ) -> WorkerHandle {
+        let sched = self.scheduler(SchedulerConfig::new(worker_id));
+        let i = &self.inner;
+        WorkerHandle::start(i.store.clone(), sched, i.clock.clone(), options)
+    }
+
+    /// A scheduler for this client's database with the policy's caps, for
+    /// a worker the caller drives itself ([`crate::worker::run`]).
+    pub fn scheduler(&self, mut config: SchedulerConfig) -> Arc<Scheduler> {
+        let i = &self.inner;
+        config.caps = i.caps.clone();
+        Arc::new(Scheduler::new(
+            i.store.clone(),
+            i.host.clone(),
+            i.clock.clone(),
+            config,
+        ))
+    }
+}
+
+fn no_run(run_id: &str) -> ClientError {
+    RegistryError::NotFound(format!(
+        "no run `{run_id}` in this database (`ratchet status` lists the runs)"
+    ))
+    .into()
+}
+
+fn no_stage(run_id: &str, stage: &str) -> ClientError {
+    RegistryError::NotFound(format!(
+        "run `{run_id}` has no stage `{stage}` (`ratchet status {run_id}` lists them)"
+    ))
+    .into()
+}

@@ -158,6 +158,10 @@ pub enum Command {
         /// After a stop signal, how long in-flight attempts may finish.
         #[arg(long, default_value_t = 30)]
         grace_secs: u64,
+        /// Serve `GET /metrics` (Prometheus, docs/metrics.md) on this
+        /// address, without a token; prints `metrics on http://ADDR/metrics`.
+        #[arg(long)]
+        metrics_listen: Option<std::net::SocketAddr>,
     },
     /// Deliver committed events to the sinks of `--sinks` until stopped
     /// (SIGTERM / Ctrl-C) or idle.

@@ -226,8 +226,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             lease_ms,
             worker_id,
             grace_secs,
+            metrics_listen,
         } => {
             let worker_id = worker_id.unwrap_or_else(default_worker_id);
+            if let Some(addr) = metrics_listen {
+                let store = env.store.clone();
+                let bound = serve::metrics::listen(addr, store, env.clock.clone()).await?;
+                println!("metrics on http://{bound}/metrics");
+            }
             let relay = match &cli.sinks {
                 Some(path) => Some(relay::relay(
                     &env,

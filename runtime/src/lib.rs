@@ -10,6 +10,7 @@ pub mod digest;
 pub mod graph;
 pub mod llm;
 pub mod manifest;
+pub mod metrics;
 pub mod operator;
 pub mod plugin;
 pub mod registry;

@@ -6,10 +6,14 @@
 //! Seen failing:
 //! - with `WorkerHandle::stop` not telling the worker to stop, it ran
 //!   past its grace and `stop` answered `Abandoned`;
+//! - with `wait` ending after its first read, it returned at once for the
+//!   run nobody worked on, instead of timing out;
 //! - with `wait` returning on the first read, it returned a run still
 //!   `running`;
 //! - with `submit_in` writing through the store instead of the caller's
-//!   transaction, the rolled-back run was there.
+//!   transaction, the rolled-back run was there on PostgreSQL, and on
+//!   SQLite the submit waited for ever on the writer the caller's
+//!   transaction held.
 
 use std::sync::Arc;
 use std::time::Duration;

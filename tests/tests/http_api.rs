@@ -6,8 +6,8 @@
 //!   submit created a second run (201, not 200);
 //! - with the page's cursor taken as inclusive (`id <= cursor`), the
 //!   pages overlapped by one run;
-//! - with `/runs` outside the token check, the request without a token
-//!   got 200;
+//! - with the token check letting every request through, the request
+//!   without a token got 200;
 //! - with the watch ending after its first read, the event stream ended
 //!   before the worker crashed and never told the run succeeded.
 
@@ -201,6 +201,15 @@ async fn api_end_to_end(backend: Backend) {
         doc["paths"]["/runs/{run}/events"]["get"].is_object(),
         "{doc}"
     );
+
+    // The store's figures in Prometheus' format, behind the token too:
+    // each of the five runs has its first stage due.
+    let bare = api.http.get(format!("{}/metrics", api.base)).send().await;
+    assert_eq!(bare.expect("GET").status(), StatusCode::UNAUTHORIZED);
+    let metrics = api.get("/metrics").send().await.expect("GET /metrics");
+    assert_eq!(metrics.status(), StatusCode::OK);
+    let text = metrics.text().await.expect("text");
+    assert!(text.contains("ratchet_jobs{state=\"ready\"} 5"), "{text}");
 }
 
 /// One Server-Sent Event: its name, id and JSON data.

@@ -5,6 +5,7 @@
 //! Runs' endpoints are in `runs.rs`. See docs/http-api.md.
 
 mod events;
+pub mod metrics;
 mod problem;
 mod runs;
 
@@ -34,6 +35,7 @@ pub use problem::Problem;
 /// What every handler reads.
 pub struct Api {
     client: Client,
+    exporter: ratchet_runtime::metrics::Exporter,
     /// SHA-256 of the bearer token, if one is required.
     token: Option<[u8; 32]>,
     openapi: String,
@@ -75,7 +77,8 @@ impl utoipa::Modify for BearerAuth {
 
 /// The API's router: every endpoint, the token check, and problem
 /// documents for unknown paths and methods.
-pub fn router(client: Client, token: Option<&str>) -> axum::Router {
+pub fn router(client: Client, token: Option<&str>) -> Result<axum::Router> {
+    let exporter = ratchet_runtime::metrics::Exporter::install()?;
     let (guarded, mut doc) = OpenApiRouter::with_openapi(Doc::openapi())
         .routes(routes!(runs::submit, runs::list))
         .routes(routes!(runs::get))
@@ -91,6 +94,7 @@ pub fn router(client: Client, token: Option<&str>) -> axum::Router {
         .routes(routes!(plugins, register))
         .routes(routes!(deliveries))
         .routes(routes!(openapi))
+        .routes(routes!(metrics::scrape))
         .split_for_parts();
     let (open, open_doc) = OpenApiRouter::new()
         .routes(routes!(health))
@@ -107,11 +111,12 @@ pub fn router(client: Client, token: Option<&str>) -> axum::Router {
     }
     let api = Arc::new(Api {
         client,
+        exporter,
         token: token.map(|t| Sha256::digest(t.as_bytes()).into()),
         openapi: doc.to_json().unwrap_or_default(),
     });
     let guarded = guarded.layer(middleware::from_fn_with_state(api.clone(), authorize));
-    guarded
+    let app = guarded
         .merge(open)
         .fallback(|| async {
             Problem::new(
@@ -125,7 +130,8 @@ pub fn router(client: Client, token: Option<&str>) -> axum::Router {
                 "this endpoint does not take that method; GET /openapi.json lists what it takes",
             )
         })
-        .with_state(api)
+        .with_state(api);
+    Ok(app)
 }
 
 /// The API token (`RATCHET_API_TOKEN`), refusing an address other than
@@ -152,7 +158,7 @@ pub async fn run(client: Client, listen: SocketAddr, token: Option<String>) -> R
     let stop = crate::signal::shutdown_signal()?;
     println!("listening on http://{addr}");
     tracing::info!(%addr, token = token.is_some(), "serving the HTTP API");
-    axum::serve(listener, router(client, token.as_deref()))
+    axum::serve(listener, router(client, token.as_deref())?)
         .with_graceful_shutdown(stop)
         .await
         .context("the HTTP server failed")?;

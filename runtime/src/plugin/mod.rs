@@ -162,6 +162,8 @@ pub struct Invocation {
 /// What the host tells about an attempt besides its outputs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExecReport {
+    /// The plugin's name, once it was loaded (metrics label attempts by it).
+    pub plugin: String,
     pub model_calls_replayed: u32,
     pub model_calls_fresh: u32,
     /// `log` calls dropped because the attempt was not granted `log`.

@@ -39,10 +39,12 @@ impl StageExecutor for PluginHost {
                 return Ok((Err(error), ExecReport::default()));
             }
         };
-        Ok(match self.execute(&plugin, inv, inputs).await {
+        let (result, mut report) = match self.execute(&plugin, inv, inputs).await {
             Ok((outputs, report)) => (Ok(outputs), report),
             Err((error, report)) => (Err(error), report),
-        })
+        };
+        report.plugin.clone_from(&plugin.manifest.name);
+        Ok((result, report))
     }
 
     /// The operator's `timeout_ms` cap.

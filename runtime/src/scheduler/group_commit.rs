@@ -236,6 +236,7 @@ impl<C: CommitBatch> Committer<C> {
             .completions
             .fetch_add(waiters.len() as u64, Ordering::Relaxed);
         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::commit_batch(waiters.len());
         let batch = self.batch(completions, waiters);
         let e = match self.target.commit(&batch).await {
             Ok(outcome) => return self.answers(&batch, waiters, outcome),

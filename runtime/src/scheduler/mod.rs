@@ -374,6 +374,7 @@ impl Scheduler {
         claim_next: bool,
     ) -> Result<(Finished, Option<ClaimedJob>), StoreError> {
         let claimed_inputs = job.inputs.take();
+        let started = std::time::Instant::now();
         let mut execution = match self.execute_on(&job, claimed_inputs).await {
             Ok(execution) => execution,
             Err(e) => {
@@ -409,6 +410,8 @@ impl Scheduler {
             }
         };
         log_outcome(&job, &outcome);
+        let report = &execution.report;
+        crate::metrics::attempt(&report.plugin, &outcome, started.elapsed(), report);
         if execution.report.log_lines_dropped > 0 {
             tracing::warn!(
                 run = %job.run_id,

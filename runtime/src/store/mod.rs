@@ -211,6 +211,9 @@ macro_rules! impl_store {
             async fn run_page(&self, q: &RunQuery) -> Result<Vec<RunRow>> {
                 runs::page(self, q).await
             }
+            async fn queue_gauges(&self, now: i64) -> Result<QueueGauges> {
+                jobs::gauges(&self.pool, now).await
+            }
             async fn run_events(&self, run_id: &str) -> Result<Vec<RunEvent>> {
                 runs::events(self, run_id).await
             }

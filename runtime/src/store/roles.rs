@@ -189,6 +189,10 @@ pub trait History: Send + Sync {
     /// Up to `q.limit` runs matching `q`, newest first (run ids are
     /// UUIDv7s, ordered by time): an API's page of runs.
     async fn run_page(&self, q: &RunQuery) -> Result<Vec<RunRow>>;
+    /// The queue's and the outbox's figures now, for `/metrics`. Reads the
+    /// live jobs' index and the pending deliveries' index; the dead
+    /// deliveries are counted from the whole table.
+    async fn queue_gauges(&self, now: i64) -> Result<QueueGauges>;
     /// A run's recorded history (upgrades), oldest first.
     async fn run_events(&self, run_id: &str) -> Result<Vec<RunEvent>>;
     /// Up to `limit` run ids after `after` (from the first), in id order:

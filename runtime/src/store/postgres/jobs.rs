@@ -223,6 +223,27 @@ pub(super) async fn renew(store: &PostgresStore, r: LeaseRenewal) -> Result<u64>
     Ok(renewed)
 }
 
+pub(super) async fn gauges(pool: &sqlx::PgPool, now: i64) -> Result<QueueGauges> {
+    let row = sqlx::query(
+        "SELECT
+           (SELECT COUNT(*) FROM jobs WHERE state = 'ready' AND next_run_at <= $1) AS ready,
+           (SELECT MIN(next_run_at) FROM jobs WHERE state = 'ready' AND next_run_at <= $1) AS oldest,
+           (SELECT COUNT(*) FROM jobs WHERE state = 'running') AS running,
+           (SELECT COUNT(*) FROM deliveries WHERE state = 'pending') AS pending,
+           (SELECT COUNT(*) FROM deliveries WHERE state = 'dead') AS dead",
+    )
+    .bind(now)
+    .fetch_one(pool)
+    .await?;
+    Ok(QueueGauges {
+        ready: row.try_get("ready")?,
+        running: row.try_get("running")?,
+        oldest_ready_at: row.try_get("oldest")?,
+        deliveries_pending: row.try_get("pending")?,
+        deliveries_dead: row.try_get("dead")?,
+    })
+}
+
 pub(super) async fn summary(store: &PostgresStore, now: i64) -> Result<JobSummary> {
     let rows = sqlx::query(
         "SELECT state, COUNT(*) AS n FROM jobs WHERE state IN ('ready', 'running') GROUP BY state",

@@ -363,6 +363,19 @@ pub struct JobSummary {
     pub lapsed_on_last_attempt: i64,
 }
 
+/// What `/metrics` reads from the store when scraped
+/// ([`History::queue_gauges`](super::History::queue_gauges)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueGauges {
+    /// Jobs due now.
+    pub ready: i64,
+    pub running: i64,
+    /// When the longest-waiting due job fell due.
+    pub oldest_ready_at: Option<i64>,
+    pub deliveries_pending: i64,
+    pub deliveries_dead: i64,
+}
+
 impl JobSummary {
     pub fn count(&self, state: JobState) -> i64 {
         self.counts.get(state.as_str()).copied().unwrap_or(0)

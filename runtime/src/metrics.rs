@@ -7,6 +7,7 @@
 //! and every worker report the same figures.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -33,8 +34,15 @@ pub const READY_AGE: &str = "ratchet_ready_oldest_age_seconds";
 /// Outbox deliveries by `state` (`pending`, `dead`), read when scraped.
 pub const DELIVERIES: &str = "ratchet_outbox_deliveries";
 
+/// Whether this process installed the recorder: until it does, nothing is
+/// built for it (no label is allocated on the attempt's path).
+static RECORDING: AtomicBool = AtomicBool::new(false);
+
 /// Records one attempt that ended.
 pub(crate) fn attempt(plugin: &str, outcome: &AttemptOutcome, took: Duration, r: &ExecReport) {
+    if !RECORDING.load(Ordering::Relaxed) {
+        return;
+    }
     let outcome = match outcome {
         AttemptOutcome::Succeeded { .. } => "succeeded",
         AttemptOutcome::Retrying { .. } => "retrying",
@@ -42,12 +50,10 @@ pub(crate) fn attempt(plugin: &str, outcome: &AttemptOutcome, took: Duration, r:
         AttemptOutcome::LeaseLost => "lease_lost",
     };
     let plugin = if plugin.is_empty() { "unknown" } else { plugin };
-    let labels = [
-        ("plugin", plugin.to_string()),
-        ("outcome", outcome.to_string()),
-    ];
-    metrics::counter!(ATTEMPTS, &labels).increment(1);
-    metrics::histogram!(ATTEMPT_SECONDS, &labels).record(took.as_secs_f64());
+    let plugin = plugin.to_string();
+    metrics::counter!(ATTEMPTS, "plugin" => plugin.clone(), "outcome" => outcome).increment(1);
+    metrics::histogram!(ATTEMPT_SECONDS, "plugin" => plugin, "outcome" => outcome)
+        .record(took.as_secs_f64());
     if r.model_calls_fresh > 0 {
         metrics::counter!(MODEL_CALLS, "source" => "fresh")
             .increment(u64::from(r.model_calls_fresh));
@@ -60,7 +66,9 @@ pub(crate) fn attempt(plugin: &str, outcome: &AttemptOutcome, took: Duration, r:
 
 /// Records one group commit of `size` completions.
 pub(crate) fn commit_batch(size: usize) {
-    metrics::histogram!(COMMIT_BATCH).record(size as f64);
+    if RECORDING.load(Ordering::Relaxed) {
+        metrics::histogram!(COMMIT_BATCH).record(size as f64);
+    }
 }
 
 /// The process's Prometheus recorder, and its text format.
@@ -104,6 +112,7 @@ impl Exporter {
             .map_err(bad)?;
         let handle = HANDLE.get_or_init(|| handle).clone();
         describe();
+        RECORDING.store(true, Ordering::Relaxed);
         Ok(Self { handle })
     }
 

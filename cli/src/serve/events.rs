@@ -32,7 +32,6 @@ pub struct StreamEvent {
     responses(
         (status = 200, description = "`event: run` or `event: stage`, each with a RunChange as its JSON data; the stream ends once the run has finished", content_type = "text/event-stream", body = StreamEvent),
         (status = 404, description = "No such run", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 pub async fn stream(
     api: Shared,

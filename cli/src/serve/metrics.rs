@@ -35,7 +35,6 @@ async fn render(exporter: &Exporter, store: &dyn Store, clock: &dyn Clock) -> Re
     responses(
         (status = 200, description = "Prometheus' text format (docs/metrics.md)", content_type = "text/plain", body = String),
         (status = 503, description = "The database does not answer", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 pub async fn scrape(State(api): Shared) -> Response {
     let client = &api.client;

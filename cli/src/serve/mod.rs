@@ -57,7 +57,7 @@ type Shared = State<Arc<Api>>;
         (name = "runs", description = "Runs, their stages, attempts and artifacts"),
         (name = "operator", description = "Cancel, retry, approve and reject"),
         (name = "catalog", description = "Plugins and outbox deliveries"),
-        (name = "service", description = "Health and this document"),
+        (name = "service", description = "Health, metrics and this document"),
     )
 )]
 struct Doc;
@@ -99,6 +99,7 @@ pub fn router(client: Client, token: Option<&str>) -> Result<axum::Router> {
     let (open, open_doc) = OpenApiRouter::new()
         .routes(routes!(health))
         .split_for_parts();
+    guard_in_document(&mut doc);
     doc.merge(open_doc);
     // `/health` needs no token.
     if let Some(op) = doc
@@ -113,7 +114,7 @@ pub fn router(client: Client, token: Option<&str>) -> Result<axum::Router> {
         client,
         exporter,
         token: token.map(|t| Sha256::digest(t.as_bytes()).into()),
-        openapi: doc.to_json().unwrap_or_default(),
+        openapi: doc.to_json().context("rendering the OpenAPI document")?,
     });
     let guarded = guarded.layer(middleware::from_fn_with_state(api.clone(), authorize));
     let app = guarded
@@ -132,6 +133,22 @@ pub fn router(client: Client, token: Option<&str>) -> Result<axum::Router> {
         })
         .with_state(api);
     Ok(app)
+}
+
+/// Adds the token check's refusal (401) to every operation of `doc`.
+fn guard_in_document(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+    let problem = ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem")));
+    let refused = ResponseBuilder::new()
+        .description("No bearer token, or not this server's")
+        .content(PROBLEM_JSON, problem.build())
+        .build();
+    for item in doc.paths.paths.values_mut() {
+        for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+            let responses = &mut op.responses.responses;
+            responses.insert("401".into(), RefOr::T(refused.clone()));
+        }
+    }
 }
 
 /// The API token (`RATCHET_API_TOKEN`), refusing an address other than
@@ -226,7 +243,6 @@ async fn health(State(api): Shared) -> Result<Json<Health>, Problem> {
 #[utoipa::path(get, path = "/openapi.json", tag = "service",
     responses(
         (status = 200, description = "The OpenAPI document", content_type = "application/json", body = Object),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 async fn openapi(State(api): Shared) -> Response {
     (
@@ -240,7 +256,6 @@ async fn openapi(State(api): Shared) -> Response {
 #[utoipa::path(get, path = "/plugins", tag = "catalog",
     responses(
         (status = 200, description = "Every registered version", body = Vec<PluginSummary>),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 async fn plugins(State(api): Shared) -> Result<Json<Vec<PluginSummary>>, Problem> {
     Ok(Json(api.client.plugins().await?))
@@ -265,7 +280,6 @@ struct RegisteredPlugin {
         (status = 200, description = "These bytes were registered before", body = RegisteredPlugin),
         (status = 409, description = "This name and version are registered with other bytes", body = Problem, content_type = PROBLEM_JSON),
         (status = 422, description = "Not a component of the `stage` world, or its manifest is invalid", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 async fn register(
     State(api): Shared,
@@ -302,7 +316,6 @@ struct DeliveriesQuery {
     responses(
         (status = 200, description = "Deliveries", body = Vec<DeliveryRow>),
         (status = 400, description = "A parameter is not valid", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 async fn deliveries(
     State(api): Shared,

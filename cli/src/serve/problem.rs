@@ -26,6 +26,21 @@ pub struct Problem {
     pub detail: String,
 }
 
+/// How an endpoint that takes a JSON body refuses one, in the document.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // describes responses; the values are `Problem`s
+pub enum BodyRefused {
+    /// The body cannot be read as JSON
+    #[response(status = 400, content_type = "application/problem+json")]
+    Unreadable(Problem),
+    /// The body is not JSON (`Content-Type: application/json`)
+    #[response(status = 415, content_type = "application/problem+json")]
+    NotJson(Problem),
+    /// The body is JSON of another shape (an unknown field, a wrong type)
+    #[response(status = 422, content_type = "application/problem+json")]
+    WrongShape(Problem),
+}
+
 impl Problem {
     pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
         Self {

@@ -16,7 +16,7 @@ use ratchet_runtime::store::{
 use serde::{Deserialize, Serialize};
 
 use super::Shared;
-use super::problem::{PROBLEM_JSON, Problem};
+use super::problem::{BodyRefused, PROBLEM_JSON, Problem};
 
 /// The longest `Idempotency-Key` taken.
 const MAX_KEY: usize = 255;
@@ -47,7 +47,6 @@ pub struct SubmitRequest {
         (status = 400, description = "The key or the body cannot be read", body = Problem, content_type = PROBLEM_JSON),
         (status = 415, description = "The body is not JSON", body = Problem, content_type = PROBLEM_JSON),
         (status = 422, description = "The pipeline is invalid or cannot be planned against the registry, or the key was used for another pipeline", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 pub async fn submit(
     api: Shared,
@@ -128,7 +127,6 @@ pub struct RunsQuery {
     responses(
         (status = 200, description = "A page of runs", body = RunPage),
         (status = 400, description = "A parameter is not valid", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 pub async fn list(
     api: Shared,
@@ -156,7 +154,6 @@ pub async fn list(
     responses(
         (status = 200, description = "The run", body = RunDetail),
         (status = 404, description = "No such run", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 pub async fn get(api: Shared, Path(run): Path<String>) -> Result<Json<RunDetail>, Problem> {
     Ok(Json(api.client.run(&run).await?))
@@ -177,7 +174,6 @@ pub struct AttemptsQuery {
         (status = 200, description = "The attempts", body = Vec<AttemptRow>),
         (status = 400, description = "A parameter is not valid", body = Problem, content_type = PROBLEM_JSON),
         (status = 404, description = "No such run or stage", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 pub async fn attempts(
     api: Shared,
@@ -194,7 +190,6 @@ pub async fn attempts(
     responses(
         (status = 200, description = "The artifacts", body = Vec<ArtifactMeta>),
         (status = 404, description = "No such run", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 pub async fn artifacts(
     api: Shared,
@@ -215,7 +210,6 @@ pub async fn artifacts(
         (status = 200, description = "The bytes, in the media type the stage gave them", content_type = "*/*", body = Vec<u8>,
             headers(("ETag" = String, description = "The artifact's digest"))),
         (status = 404, description = "No such run or artifact", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 pub async fn artifact(
     api: Shared,
@@ -237,7 +231,6 @@ pub async fn artifact(
     responses(
         (status = 200, description = "The journal", body = Vec<ModelCall>),
         (status = 404, description = "No such run", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
     ))]
 pub async fn model_calls(
     api: Shared,
@@ -272,10 +265,7 @@ pub struct Cancelled {
         (status = 200, description = "Cancelled", body = Cancelled),
         (status = 404, description = "No such run", body = Problem, content_type = PROBLEM_JSON),
         (status = 409, description = "The run has already finished", body = Problem, content_type = PROBLEM_JSON),
-        (status = 400, description = "The body cannot be read", body = Problem, content_type = PROBLEM_JSON),
-        (status = 415, description = "The body is not JSON", body = Problem, content_type = PROBLEM_JSON),
-        (status = 422, description = "The body is not a CancelRequest", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
+        BodyRefused,
     ))]
 pub async fn cancel(
     api: Shared,
@@ -312,10 +302,7 @@ pub struct RetryRequest {
         (status = 200, description = "Running again", body = Retried),
         (status = 404, description = "No such run", body = Problem, content_type = PROBLEM_JSON),
         (status = 409, description = "The run cannot be retried (still running, succeeded, or a gate rejected it)", body = Problem, content_type = PROBLEM_JSON),
-        (status = 400, description = "The body cannot be read", body = Problem, content_type = PROBLEM_JSON),
-        (status = 415, description = "The body is not JSON", body = Problem, content_type = PROBLEM_JSON),
-        (status = 422, description = "The body is not a RetryRequest", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
+        BodyRefused,
     ))]
 pub async fn retry(
     api: Shared,
@@ -361,10 +348,7 @@ async fn decide(
         (status = 200, description = "The decision recorded", body = Decision),
         (status = 404, description = "No such run", body = Problem, content_type = PROBLEM_JSON),
         (status = 409, description = "Not a gate awaiting a decision, or decided already (the detail says by whom)", body = Problem, content_type = PROBLEM_JSON),
-        (status = 400, description = "The body cannot be read", body = Problem, content_type = PROBLEM_JSON),
-        (status = 415, description = "The body is not JSON", body = Problem, content_type = PROBLEM_JSON),
-        (status = 422, description = "The body is not a DecideRequest", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
+        BodyRefused,
     ))]
 pub async fn approve(
     api: Shared,
@@ -382,10 +366,7 @@ pub async fn approve(
         (status = 200, description = "The decision recorded", body = Decision),
         (status = 404, description = "No such run", body = Problem, content_type = PROBLEM_JSON),
         (status = 409, description = "Not a gate awaiting a decision, or decided already (the detail says by whom)", body = Problem, content_type = PROBLEM_JSON),
-        (status = 400, description = "The body cannot be read", body = Problem, content_type = PROBLEM_JSON),
-        (status = 415, description = "The body is not JSON", body = Problem, content_type = PROBLEM_JSON),
-        (status = 422, description = "The body is not a DecideRequest", body = Problem, content_type = PROBLEM_JSON),
-        (status = 401, description = "No or the wrong bearer token", body = Problem, content_type = PROBLEM_JSON),
+        BodyRefused,
     ))]
 pub async fn reject(
     api: Shared,

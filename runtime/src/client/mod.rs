@@ -25,102 +25,30 @@
 //! # Ok(()) }
 //! ```
 
+mod builder;
+mod error;
 mod watch;
 mod worker;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, SystemClock};
-use crate::llm::{ModelBackend, StochasticModel};
+use crate::clock::Clock;
 use crate::manifest::Pipeline;
 use crate::operator;
-use crate::plugin::{Caps, HostConfig, PluginError, PluginHost, Policy};
+use crate::plugin::{Caps, PluginHost};
 use crate::registry::{self, Registered, RegistryError};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::store::{
     self, Artifact, ArtifactMeta, AttemptRow, CallerTransaction, Decision, DeliveryFilter,
     DeliveryRow, JobRow, ModelCall, PluginCap, PluginSummary, Retried, RunQuery, RunRow,
-    RunSubmitOutcome, SqliteStore, Store, StoreError, Verdict,
+    RunSubmitOutcome, SqliteStore, Store, Verdict,
 };
-use crate::worker::WorkerError;
 
+pub use builder::ClientBuilder;
+pub use error::{ClientError, ErrorKind, Result};
 pub use watch::{RunChange, RunWatch};
 pub use worker::WorkerHandle;
-
-/// What a client operation can end with. [`ClientError::kind`] sorts them
-/// for the faces: the command line's exit code, the HTTP API's status.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error(transparent)]
-    Registry(#[from] RegistryError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Plugin(#[from] PluginError),
-    #[error(transparent)]
-    Worker(#[from] WorkerError),
-    #[error(
-        "run `{run}` is still {state} after {waited:?}; wait longer, or see `ratchet status {run}`"
-    )]
-    Timeout {
-        run: String,
-        state: store::RunState,
-        waited: Duration,
-    },
-    #[error(
-        "the worker did not stop within {0:?}; its attempts were abandoned and are retried once their leases expire"
-    )]
-    Abandoned(Duration),
-}
-
-/// What kind of failure an error is, the same for every face.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// The input is wrong: a pipeline, a component, a version (fix it).
-    Invalid,
-    /// What it names does not exist.
-    NotFound,
-    /// It exists, but its state does not allow this (a finished run).
-    Conflict,
-    /// The database or a worker failed; the same request may succeed later.
-    Unavailable,
-    /// Anything else: a bug or a corrupt row.
-    Internal,
-}
-
-impl ClientError {
-    pub fn kind(&self) -> ErrorKind {
-        let store_kind = |e: &StoreError| match e {
-            StoreError::UnsupportedUrl(_) => ErrorKind::Invalid,
-            StoreError::VersionConflict { .. } => ErrorKind::Conflict,
-            e if e.is_transient() => ErrorKind::Unavailable,
-            e if e.is_refusal() => ErrorKind::Invalid,
-            _ => ErrorKind::Internal,
-        };
-        let plugin_kind = |e: &PluginError| {
-            if e.is_bad_component() {
-                ErrorKind::Invalid
-            } else {
-                ErrorKind::Internal
-            }
-        };
-        match self {
-            ClientError::Registry(RegistryError::Manifest(_)) => ErrorKind::Invalid,
-            ClientError::Registry(RegistryError::NotFound(_)) => ErrorKind::NotFound,
-            ClientError::Registry(RegistryError::Refused(_)) => ErrorKind::Conflict,
-            ClientError::Registry(RegistryError::Store(e)) | ClientError::Store(e) => store_kind(e),
-            ClientError::Registry(RegistryError::Plugin(e)) | ClientError::Plugin(e) => {
-                plugin_kind(e)
-            }
-            ClientError::Timeout { .. } => ErrorKind::Conflict,
-            ClientError::Worker(_) | ClientError::Abandoned(_) => ErrorKind::Unavailable,
-        }
-    }
-}
-
-pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
 /// A run submitted: its id, and whether this call created it (`false`: its
 /// idempotency key named a run submitted before, which is returned).
@@ -156,95 +84,6 @@ pub struct RunPage {
     pub next_cursor: Option<String>,
 }
 
-/// How [`Client::builder`] opens a client: the plugin policy, the model
-/// backend, the component cache, the clock and how often waits poll.
-pub struct ClientBuilder {
-    url: String,
-    policy: Policy,
-    model: Arc<dyn ModelBackend>,
-    clock: Arc<dyn Clock>,
-    cache_dir: Option<PathBuf>,
-    pooling: Option<u32>,
-    poll: Duration,
-}
-
-impl std::fmt::Debug for ClientBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientBuilder")
-            .field("url", &self.url)
-            .finish()
-    }
-}
-
-impl ClientBuilder {
-    /// The operator's policy (docs/configuration.md); the default admits
-    /// every plugin with the default limits.
-    pub fn policy(mut self, policy: Policy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// Where stages' model calls go; a seeded stand-in by default.
-    pub fn model(mut self, model: Arc<dyn ModelBackend>) -> Self {
-        self.model = model;
-        self
-    }
-
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Keep compiled components in this folder across restarts.
-    pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.cache_dir = Some(dir.into());
-        self
-    }
-
-    /// Preallocate instance slots for this many attempts at once.
-    pub fn pooling(mut self, slots: u32) -> Self {
-        self.pooling = Some(slots);
-        self
-    }
-
-    /// How often [`Client::wait`] and [`Client::watch`] read a run's state
-    /// (200 ms by default).
-    pub fn poll(mut self, every: Duration) -> Self {
-        self.poll = every;
-        self
-    }
-
-    /// Opens the database (applying pending migrations) and the plugin host.
-    pub async fn open(self) -> Result<Client> {
-        // SQLite's store is kept as itself too, to lend its writer.
-        let (store, sqlite): (Arc<dyn Store>, _) = if self.url.starts_with("sqlite:") {
-            let sqlite = Arc::new(SqliteStore::open(&self.url).await?);
-            (sqlite.clone(), Some(sqlite))
-        } else {
-            (store::open(&self.url).await?, None)
-        };
-        let caps = self.policy.plugin_caps();
-        let limits = self.policy.caps;
-        let config = HostConfig {
-            policy: self.policy,
-            cache_dir: self.cache_dir,
-            pooling: self.pooling,
-        };
-        let host = PluginHost::new(store.clone(), self.model, self.clock.clone(), config)?;
-        Ok(Client {
-            inner: Arc::new(Inner {
-                store,
-                sqlite,
-                host: Arc::new(host),
-                clock: self.clock,
-                caps,
-                limits,
-                poll: self.poll,
-            }),
-        })
-    }
-}
-
 /// A handle on one Ratchet database; cheap to clone and share.
 #[derive(Clone)]
 pub struct Client {
@@ -275,15 +114,7 @@ impl Client {
     }
 
     pub fn builder(url: impl Into<String>) -> ClientBuilder {
-        ClientBuilder {
-            url: url.into(),
-            policy: Policy::default(),
-            model: Arc::new(StochasticModel),
-            clock: Arc::new(SystemClock),
-            cache_dir: None,
-            pooling: None,
-            poll: Duration::from_millis(200),
-        }
+        ClientBuilder::new(url.into())
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

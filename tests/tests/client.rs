@@ -28,6 +28,7 @@ use ratchet_tests::{BOUND, Backend, Harness, TWO_STAGES, shared_component_cache}
 use sqlx::Connection;
 
 ratchet_tests::backend_tests! {
+    a_wait_is_woken_by_the_clients_own_worker => woken_in_process;
     an_embedded_worker_runs_what_the_client_submits => embedded_worker;
     a_client_submits_inside_the_callers_transaction => in_the_callers_transaction;
 }
@@ -93,6 +94,31 @@ async fn embedded_worker(backend: Backend) {
         client.wait(&idle.run_id, BOUND).await.expect("wait").state,
         RunState::Succeeded
     );
+}
+
+/// With reads an hour apart, only the embedded worker's commits can end
+/// the wait within the bound.
+///
+/// Seen failing with the worker's scheduler built without the client's
+/// wake: the wait timed out.
+async fn woken_in_process(backend: Backend) {
+    let Some(h) = Harness::on(backend, Arc::new(SystemClock)).await else {
+        return;
+    };
+    h.register(&["noop", "pass"]).await;
+    let client = Client::builder(h.url.clone())
+        .cache_dir(shared_component_cache())
+        .poll(Duration::from_secs(3600))
+        .open()
+        .await
+        .expect("open the client");
+    let worker = client.worker("in-process", WorkerOptions::default());
+    let pipeline = two_stages();
+    let run = client.submit(&pipeline, Vec::new(), None).await;
+    let run = run.expect("submit");
+    let finished = client.wait(&run.run_id, BOUND).await.expect("woken");
+    assert_eq!(finished.state, RunState::Succeeded);
+    worker.stop(BOUND).await.expect("stop");
 }
 
 async fn in_the_callers_transaction(backend: Backend) {

@@ -8,6 +8,8 @@
 //!   pages overlapped by one run;
 //! - with the token check letting every request through, the request
 //!   without a token got 200;
+//! - with `POST /plugins` under axum's default body limit, 3 MiB were
+//!   refused as too large (413) before the component check;
 //! - with the watch ending after its first read, the event stream ended
 //!   before the worker crashed and never told the run succeeded.
 
@@ -149,6 +151,10 @@ async fn api_end_to_end(backend: Backend) {
     let (status, _) = problem(cancel.send().await.expect("POST")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(h.store.run_list().await.expect("runs").len(), 1);
+    // A body larger than axum's default limit reaches the component check.
+    let not_a_component = api.post("/plugins").body(vec![0u8; 3 << 20]);
+    let (status, detail) = problem(not_a_component.send().await.expect("POST")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{detail}");
 
     // Pages of two, newest first, each run once.
     for n in 0..4 {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use axum::Json;
-use axum::extract::{Query, Request, State};
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
 use utoipa_axum::routes;
 
 use crate::BadInput;
@@ -42,6 +42,9 @@ pub struct Api {
 }
 
 type Shared = State<Arc<Api>>;
+
+/// The largest component `POST /plugins` reads (other bodies: axum's 2 MB).
+const MAX_COMPONENT: usize = 256 << 20;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -91,7 +94,7 @@ pub fn router(client: Client, token: Option<&str>) -> Result<axum::Router> {
         .routes(routes!(runs::retry))
         .routes(routes!(runs::approve))
         .routes(routes!(runs::reject))
-        .routes(routes!(plugins, register))
+        .routes(routes!(plugins, register).layer(DefaultBodyLimit::max(MAX_COMPONENT)))
         .routes(routes!(deliveries))
         .routes(routes!(openapi))
         .routes(routes!(metrics::scrape))
@@ -279,12 +282,14 @@ struct RegisteredPlugin {
         (status = 201, description = "Registered", body = RegisteredPlugin),
         (status = 200, description = "These bytes were registered before", body = RegisteredPlugin),
         (status = 409, description = "This name and version are registered with other bytes", body = Problem, content_type = PROBLEM_JSON),
+        (status = 413, description = "The body is larger than a component may be (256 MiB)", body = Problem, content_type = PROBLEM_JSON),
         (status = 422, description = "Not a component of the `stage` world, or its manifest is invalid", body = Problem, content_type = PROBLEM_JSON),
     ))]
 async fn register(
     State(api): Shared,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<RegisteredPlugin>), Problem> {
+    let body = body.map_err(|r| Problem::new(r.status(), r.body_text()))?;
     let r = api.client.register(body.to_vec()).await?;
     let inserted = r.outcome == ratchet_runtime::store::PluginPutOutcome::Inserted;
     let status = if inserted {

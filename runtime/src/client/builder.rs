@@ -107,6 +107,7 @@ impl ClientBuilder {
                 caps,
                 limits,
                 poll: self.poll,
+                changed: tokio::sync::watch::Sender::new(0),
             }),
         })
     }

@@ -98,6 +98,30 @@ struct Inner {
     caps: Arc<[PluginCap]>,
     limits: Caps,
     poll: Duration,
+    /// Counts the changes this process made through this client (its
+    /// embedded workers' commits and starts, its operations): what wakes
+    /// its watches before their next read is due.
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl Inner {
+    fn changed(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// Tells a client's watches that its embedded worker committed or started
+/// an attempt.
+struct Wake(Arc<Inner>);
+
+impl crate::scheduler::SchedulerProbe for Wake {
+    fn released(&self, _run_id: &str, _stages: &[String]) {
+        self.0.changed();
+    }
+
+    fn started(&self, _job: &crate::store::ClaimedJob) {
+        self.0.changed();
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -226,6 +250,16 @@ impl Client {
     }
 
     /// A run with its stages.
+    ///
+    /// ```no_run
+    /// # use ratchet_runtime::client::{Client, ClientError};
+    /// # async fn show(client: &Client, run_id: &str) -> Result<(), ClientError> {
+    /// let detail = client.run(run_id).await?;
+    /// for stage in &detail.stages {
+    ///     println!("{} {} (attempt {})", stage.stage, stage.state.as_str(), stage.attempt);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn run(&self, run_id: &str) -> Result<RunDetail> {
         let store = &self.inner.store;
         let run = store.run_get(run_id).await?.ok_or_else(|| no_run(run_id))?;
@@ -235,6 +269,24 @@ impl Client {
 
     /// A page of runs, newest first; pass the page's `next_cursor` as
     /// `query.before` for the next one.
+    ///
+    /// ```no_run
+    /// # use ratchet_runtime::client::{Client, ClientError};
+    /// # use ratchet_runtime::store::{RunQuery, RunState};
+    /// # async fn failed(client: &Client) -> Result<(), ClientError> {
+    /// let mut query = RunQuery { state: Some(RunState::Failed), limit: 100, ..RunQuery::default() };
+    /// loop {
+    ///     let page = client.runs(&query).await?;
+    ///     for run in &page.runs {
+    ///         println!("{} {}", run.id, run.pipeline);
+    ///     }
+    ///     match page.next_cursor {
+    ///         Some(cursor) => query.before = Some(cursor),
+    ///         None => break,
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn runs(&self, query: &RunQuery) -> Result<RunPage> {
         let limit = query.limit.clamp(1, 1000);
         let mut q = query.clone();
@@ -263,6 +315,14 @@ impl Client {
 
     /// The canonical artifact `stage.output` of a run: its bytes and
     /// media type.
+    ///
+    /// ```no_run
+    /// # use ratchet_runtime::client::{Client, ClientError};
+    /// # async fn receipt(client: &Client, run_id: &str) -> Result<(), ClientError> {
+    /// let receipt = client.artifact(run_id, "publish", "receipt").await?;
+    /// println!("{} {}", receipt.meta.media_type, String::from_utf8_lossy(&receipt.bytes));
+    /// # Ok(()) }
+    /// ```
     pub async fn artifact(&self, run_id: &str, stage: &str, output: &str) -> Result<Artifact> {
         let found = self.inner.store.artifact_get(run_id, stage, output).await?;
         match found {
@@ -296,6 +356,18 @@ impl Client {
 
     /// Cancels a running run: its attempts in flight are fenced out and its
     /// waiting stages never start. Returns how many of each.
+    ///
+    /// ```no_run
+    /// # use ratchet_runtime::client::{Client, ClientError};
+    /// # use ratchet_runtime::client::ErrorKind;
+    /// # async fn stop(client: &Client, run_id: &str) -> Result<(), ClientError> {
+    /// match client.cancel(run_id, Some("wrong input".into()), "ops".into()).await {
+    ///     Ok((in_flight, waiting)) => println!("{in_flight} fenced out, {waiting} never start"),
+    ///     Err(e) if e.kind() == ErrorKind::Conflict => println!("already finished: {e}"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn cancel(
         &self,
         run_id: &str,
@@ -303,12 +375,23 @@ impl Client {
         by: String,
     ) -> Result<(u64, u64)> {
         let i = &self.inner;
-        Ok(operator::run_cancel(i.store.as_ref(), run_id, reason, by, i.clock.as_ref()).await?)
+        let cancelled =
+            operator::run_cancel(i.store.as_ref(), run_id, reason, by, i.clock.as_ref()).await?;
+        i.changed();
+        Ok(cancelled)
     }
 
     /// Retries a failed or cancelled run from the stages that did not
     /// succeed (from `stage`, if named); `fresh` discards their journaled
     /// model answers.
+    ///
+    /// ```no_run
+    /// # use ratchet_runtime::client::{Client, ClientError};
+    /// # async fn again(client: &Client, run_id: &str) -> Result<(), ClientError> {
+    /// let retried = client.retry(run_id, None, false, "ops".into()).await?;
+    /// println!("generation {}: {}", retried.generation, retried.stages.join(", "));
+    /// # Ok(()) }
+    /// ```
     pub async fn retry(
         &self,
         run_id: &str,
@@ -318,10 +401,22 @@ impl Client {
     ) -> Result<Retried> {
         let i = &self.inner;
         let clock = i.clock.as_ref();
-        Ok(operator::run_retry(i.store.as_ref(), run_id, stage, fresh, by, clock).await?)
+        let retried =
+            operator::run_retry(i.store.as_ref(), run_id, stage, fresh, by, clock).await?;
+        i.changed();
+        Ok(retried)
     }
 
     /// Approves or rejects the approval gate `stage` of a run.
+    ///
+    /// ```no_run
+    /// # use ratchet_runtime::client::{Client, ClientError};
+    /// # use ratchet_runtime::store::Verdict;
+    /// # async fn approve(client: &Client, run_id: &str) -> Result<(), ClientError> {
+    /// let note = Some("numbers checked".to_string());
+    /// client.decide(run_id, "review", Verdict::Approved, "ana".into(), note).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn decide(
         &self,
         run_id: &str,
@@ -332,16 +427,30 @@ impl Client {
     ) -> Result<Decision> {
         let i = &self.inner;
         let clock = i.clock.as_ref();
-        Ok(
-            operator::gate_decide(i.store.as_ref(), run_id, stage, verdict, by, note, clock)
-                .await?,
-        )
+        let store = i.store.as_ref();
+        let decided = operator::gate_decide(store, run_id, stage, verdict, by, note, clock).await?;
+        i.changed();
+        Ok(decided)
     }
 
     /// Watches a run: its current state first, then each change, until it
-    /// has finished. Reads the run every `poll` (see [`ClientBuilder::poll`]).
+    /// has finished. Reads the run every `poll` (see [`ClientBuilder::poll`]),
+    /// and at once when this client's own worker ([`Client::worker`]) or
+    /// operations change something: in-process, a wait ends as the run's
+    /// last commit returns.
+    ///
+    /// ```no_run
+    /// # use ratchet_runtime::client::{Client, ClientError};
+    /// # async fn follow(client: &Client, run_id: &str) -> Result<(), ClientError> {
+    /// let mut watch = client.watch(run_id);
+    /// while let Some(change) = watch.next().await? {
+    ///     println!("{change:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn watch(&self, run_id: &str) -> RunWatch {
-        RunWatch::new(self.inner.store.clone(), run_id, self.inner.poll)
+        let changed = self.inner.changed.subscribe();
+        RunWatch::new(self.inner.store.clone(), run_id, self.inner.poll, changed)
     }
 
     /// Waits until the run has finished (succeeded, failed or cancelled),
@@ -373,8 +482,17 @@ impl Client {
         worker_id: impl Into<String>,
         options: crate::worker::WorkerOptions,
     ) -> WorkerHandle {
-        let sched = self.scheduler(SchedulerConfig::new(worker_id));
         let i = &self.inner;
+        let mut config = SchedulerConfig::new(worker_id);
+        config.caps = i.caps.clone();
+        let wake = Arc::new(Wake(i.clone()));
+        let sched = Arc::new(Scheduler::observed(
+            i.store.clone(),
+            i.host.clone(),
+            i.clock.clone(),
+            config,
+            Some(wake),
+        ));
         WorkerHandle::start(i.store.clone(), sched, i.clock.clone(), options)
     }
 

@@ -1,8 +1,9 @@
 //! A run's changes as a program sees them: its state and its stages' at
-//! first, then each change, read every `poll` until the run has finished.
-//! Reading is what works on both backends and across processes; a change
-//! shorter than `poll` (a stage that ran and succeeded in between) shows
-//! as its end state.
+//! first, then each change, read every `poll` until the run has finished,
+//! and at once when the client's own worker or operations changed
+//! something in this process. Reading is what works on both backends and
+//! across processes; a change shorter than `poll` (a stage that ran and
+//! succeeded in between) shows as its end state.
 
 use std::collections::HashMap;
 use std::collections::VecDeque;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
+use tokio::sync::watch;
 
 use super::{ClientError, no_run};
 use crate::store::{JobState, RunState, Store};
@@ -36,6 +38,8 @@ pub struct RunWatch {
     store: Arc<dyn Store>,
     run_id: String,
     poll: Duration,
+    /// Moves when this process changed something through the client.
+    changed: watch::Receiver<u64>,
     run: Option<RunState>,
     stages: HashMap<String, (JobState, i64)>,
     pending: VecDeque<RunChange>,
@@ -53,11 +57,17 @@ impl std::fmt::Debug for RunWatch {
 }
 
 impl RunWatch {
-    pub(super) fn new(store: Arc<dyn Store>, run_id: &str, poll: Duration) -> Self {
+    pub(super) fn new(
+        store: Arc<dyn Store>,
+        run_id: &str,
+        poll: Duration,
+        changed: watch::Receiver<u64>,
+    ) -> Self {
         Self {
             store,
             run_id: run_id.to_string(),
             poll,
+            changed,
             run: None,
             stages: HashMap::new(),
             pending: VecDeque::new(),
@@ -82,8 +92,15 @@ impl RunWatch {
                 return Ok(None);
             }
             if self.read_once {
-                tokio::time::sleep(self.poll).await;
+                // A change this process made wakes it at once; one made
+                // elsewhere is read within `poll`.
+                tokio::select! {
+                    _ = tokio::time::sleep(self.poll) => {}
+                    _ = self.changed.changed() => {}
+                }
             }
+            // Seen before reading: a change after this wakes the next wait.
+            self.changed.borrow_and_update();
             self.read().await?;
         }
     }

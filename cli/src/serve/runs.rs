@@ -239,6 +239,11 @@ pub async fn model_calls(
     Ok(Json(api.client.model_calls(&run).await?))
 }
 
+/// Who an operator's request names, or `api`.
+fn acting(by: Option<String>) -> String {
+    by.unwrap_or_else(|| "api".into())
+}
+
 /// Who acts, and why: recorded with the action.
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -273,7 +278,7 @@ pub async fn cancel(
     body: Result<Json<CancelRequest>, JsonRejection>,
 ) -> Result<Json<Cancelled>, Problem> {
     let Json(body) = body?;
-    let by = body.by.unwrap_or_else(|| "api".into());
+    let by = acting(body.by);
     let (in_flight, waiting) = api.client.cancel(&run, body.reason, by).await?;
     Ok(Json(Cancelled {
         run_id: run,
@@ -310,7 +315,7 @@ pub async fn retry(
     body: Result<Json<RetryRequest>, JsonRejection>,
 ) -> Result<Json<Retried>, Problem> {
     let Json(body) = body?;
-    let by = body.by.unwrap_or_else(|| "api".into());
+    let by = acting(body.by);
     Ok(Json(
         api.client.retry(&run, body.stage, body.fresh, by).await?,
     ))
@@ -332,7 +337,7 @@ async fn decide(
     body: Result<Json<DecideRequest>, JsonRejection>,
 ) -> Result<Json<Decision>, Problem> {
     let Json(body) = body?;
-    let by = body.by.unwrap_or_else(|| "api".into());
+    let by = acting(body.by);
     Ok(Json(
         api.client
             .decide(&run, &stage, verdict, by, body.note)

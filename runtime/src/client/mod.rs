@@ -261,10 +261,16 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub async fn run(&self, run_id: &str) -> Result<RunDetail> {
-        let store = &self.inner.store;
-        let run = store.run_get(run_id).await?.ok_or_else(|| no_run(run_id))?;
-        let stages = store.job_list(run_id).await?;
+        let run = self.run_row(run_id).await?;
+        let stages = self.inner.store.job_list(run_id).await?;
         Ok(RunDetail { run, stages })
+    }
+
+    /// The run's own row, without its stages: what a read that only needs
+    /// the run to exist asks for.
+    async fn run_row(&self, run_id: &str) -> Result<RunRow> {
+        let run = self.inner.store.run_get(run_id).await?;
+        run.ok_or_else(|| no_run(run_id))
     }
 
     /// A page of runs, newest first; pass the page's `next_cursor` as
@@ -328,7 +334,7 @@ impl Client {
         match found {
             Some(a) => Ok(a),
             None => {
-                self.run(run_id).await?;
+                self.run_row(run_id).await?;
                 Err(RegistryError::NotFound(format!(
                     "run `{run_id}` has no artifact `{stage}.{output}` (yet); `ratchet artifacts {run_id}` lists them"
                 ))
@@ -338,14 +344,14 @@ impl Client {
     }
 
     pub async fn artifacts(&self, run_id: &str) -> Result<Vec<ArtifactMeta>> {
-        self.run(run_id).await?;
+        self.run_row(run_id).await?;
         Ok(self.inner.store.artifact_list(run_id).await?)
     }
 
     /// The run's journal of model calls: what each stage asked and the
     /// answer it continued from.
     pub async fn model_calls(&self, run_id: &str) -> Result<Vec<ModelCall>> {
-        self.run(run_id).await?;
+        self.run_row(run_id).await?;
         Ok(self.inner.store.model_call_list(run_id).await?)
     }
 
@@ -465,7 +471,7 @@ impl Client {
         match finished {
             Ok(done) => {
                 done?;
-                self.run(run_id).await.map(|d| d.run)
+                self.run_row(run_id).await
             }
             Err(_) => Err(ClientError::Timeout {
                 run: run_id.to_string(),

@@ -54,8 +54,8 @@ pub async fn run(env: &Env, runs: u32) -> Result<ExitCode> {
         tell_the_story(env, &run_ids).await?;
     }
     summary_table(env, &run_ids).await?;
-    let inspect =
-        "Inspect a run with `ratchet status RUN` and `ratchet artifacts RUN draft.draft`.";
+    let inspect = "Inspect a run with `ratchet status RUN` and `ratchet artifacts RUN draft.draft`, \
+         or see it in the dashboard: `ratchet serve`, then open http://127.0.0.1:8080/.";
     Ok(if audit_told(env, inspect).await? {
         ExitCode::SUCCESS
     } else {

@@ -8,7 +8,7 @@
 use serde::Serialize;
 
 /// What an edge from one stage to another means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EdgeKind {
     // In the order of their names, which is how a plan lists two edges
@@ -39,7 +39,7 @@ pub struct NewEdge {
 
 /// Where one input of a stage is read from: the canonical artifact
 /// `(from_stage, from_output)` of the same run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct InputBinding {
     pub stage: String,
     pub input: String,

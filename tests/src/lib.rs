@@ -6,6 +6,7 @@ pub mod events;
 pub mod fleet;
 pub mod nats;
 mod old_schema;
+pub mod serve;
 mod store_fixtures;
 
 pub use old_schema::{database_at_version, finish_live_run, sqlite_at_version};

@@ -13,76 +13,30 @@
 //! - with the watch ending after its first read, the event stream ended
 //!   before the worker crashed and never told the run succeeded.
 
-use std::process::Stdio;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
 use ratchet_runtime::clock::SystemClock;
+use ratchet_tests::serve::Served;
 use ratchet_tests::{BOUND, Backend, Harness, TWO_STAGES, output, ratchet};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
-const TOKEN: &str = "s3cret-test-token";
 
 ratchet_tests::backend_tests! {
     submits_pages_and_refuses_over_http => api_end_to_end;
     a_runs_events_stream_through_a_worker_crash => events_through_a_crash;
 }
 
-/// A `ratchet serve` process and a client that carries its token.
-struct Served {
-    _child: tokio::process::Child,
-    base: String,
-    http: reqwest::Client,
-}
-
-impl Served {
-    async fn start(h: &Harness) -> Self {
-        let mut cmd = ratchet(BIN, &h.url);
-        cmd.args(["serve", "--listen", "127.0.0.1:0"])
-            .env("RATCHET_API_TOKEN", TOKEN)
-            .stdout(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn ratchet serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(BOUND, lines.next_line())
-            .await
-            .expect("serve said where it listens within the bound")
-            .expect("read stdout")
-            .expect("a line");
-        let addr = line
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line: {line}"));
-        Self {
-            _child: child,
-            base: addr.to_string(),
-            http: reqwest::Client::new(),
-        }
+async fn submit(api: &Served, pipeline: &str, key: Option<&str>) -> (StatusCode, Value) {
+    let mut request = api
+        .post("/runs")
+        .json(&json!({ "pipeline": pipeline, "input": "hi" }));
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
     }
-
-    fn get(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .get(format!("{}{path}", self.base))
-            .bearer_auth(TOKEN)
-    }
-
-    fn post(&self, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(TOKEN)
-    }
-
-    async fn submit(&self, pipeline: &str, key: Option<&str>) -> (StatusCode, Value) {
-        let mut request = self
-            .post("/runs")
-            .json(&json!({ "pipeline": pipeline, "input": "hi" }));
-        if let Some(key) = key {
-            request = request.header("Idempotency-Key", key);
-        }
-        json_of(request.send().await.expect("POST /runs")).await
-    }
+    json_of(request.send().await.expect("POST /runs")).await
 }
 
 async fn json_of(response: reqwest::Response) -> (StatusCode, Value) {
@@ -106,7 +60,7 @@ async fn api_end_to_end(backend: Backend) {
         return;
     };
     h.register(&["noop", "pass"]).await;
-    let api = Served::start(&h).await;
+    let api = Served::start(BIN, &h.url).await;
 
     // Health needs no token; everything else does.
     let health = api.http.get(format!("{}/health", api.base)).send().await;
@@ -123,9 +77,9 @@ async fn api_end_to_end(backend: Backend) {
     assert_eq!(wrong.0, StatusCode::UNAUTHORIZED);
 
     // One run for two requests with the same key.
-    let (status, first) = api.submit(TWO_STAGES, Some("order-17")).await;
+    let (status, first) = submit(&api, TWO_STAGES, Some("order-17")).await;
     assert_eq!(status, StatusCode::CREATED, "{first}");
-    let (status, again) = api.submit(TWO_STAGES, Some("order-17")).await;
+    let (status, again) = submit(&api, TWO_STAGES, Some("order-17")).await;
     assert_eq!(status, StatusCode::OK, "{again}");
     assert_eq!(again["run_id"], first["run_id"]);
     assert_eq!(again["created"], false);
@@ -158,7 +112,7 @@ async fn api_end_to_end(backend: Backend) {
 
     // Pages of two, newest first, each run once.
     for n in 0..4 {
-        let (status, _) = api.submit(TWO_STAGES, Some(&format!("page-{n}"))).await;
+        let (status, _) = submit(&api, TWO_STAGES, Some(&format!("page-{n}"))).await;
         assert_eq!(status, StatusCode::CREATED);
     }
     let mut seen: Vec<String> = Vec::new();
@@ -193,6 +147,79 @@ async fn api_end_to_end(backend: Backend) {
         .collect();
     all.reverse();
     assert_eq!(seen, all, "every run once, newest first");
+
+    // A run found by its idempotency key; its graph as stored.
+    let (status, found) = json_of(api.get("/runs?key=order-17").send().await.expect("GET")).await;
+    assert_eq!(status, StatusCode::OK, "{found}");
+    let ids: Vec<&Value> = found["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| &r["id"])
+        .collect();
+    assert_eq!(ids, [&first["run_id"]]);
+    let (_, none) = json_of(
+        api.get("/runs?key=order-17&state=failed")
+            .send()
+            .await
+            .expect("GET"),
+    )
+    .await;
+    assert_eq!(
+        none["runs"],
+        json!([]),
+        "the key's run is running, not failed"
+    );
+    let run = first["run_id"].as_str().expect("run id");
+    let (status, graph) = json_of(
+        api.get(&format!("/runs/{run}/graph"))
+            .send()
+            .await
+            .expect("GET"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{graph}");
+    let stored = h.store.run_graph(run).await.expect("the stored graph");
+    assert_eq!(graph, serde_json::to_value(&stored).expect("JSON"));
+    assert_eq!(
+        graph["edges"],
+        json!([{ "from_stage": "a", "to_stage": "b", "kind": "data", "satisfied": false }])
+    );
+    let (status, _) = problem(api.get("/runs/nope/graph").send().await.expect("GET")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // A browser navigating to the run gets the dashboard's page, with no
+    // token; a program asking the same URL gets the JSON.
+    let html = "text/html,application/xhtml+xml,*/*;q=0.8";
+    let page = api
+        .http
+        .get(format!("{}/runs/{run}", api.base))
+        .header("accept", html);
+    let page = page.send().await.expect("GET the page");
+    assert_eq!(page.status(), StatusCode::OK);
+    assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
+    assert_eq!(page.headers()["vary"], "Accept");
+    let policy = page.headers()["content-security-policy"]
+        .to_str()
+        .expect("policy");
+    assert!(policy.contains("script-src 'self'"), "{policy}");
+    let detail = api
+        .get(&format!("/runs/{run}"))
+        .header("accept", "application/json");
+    let (status, detail) = json_of(detail.send().await.expect("GET the run")).await;
+    assert_eq!((status, &detail["id"]), (StatusCode::OK, &first["run_id"]));
+    let script = api.http.get(format!("{}/ui/app.js", api.base)).send().await;
+    let script = script.expect("GET a script");
+    assert_eq!(script.headers()["content-type"], "text/javascript");
+    let missing = api
+        .http
+        .get(format!("{}/ui/nope.js", api.base))
+        .send()
+        .await;
+    assert_eq!(
+        problem(missing.expect("GET")).await.0,
+        StatusCode::NOT_FOUND
+    );
 
     // A run, its stages and the document that describes it all.
     let run = first["run_id"].as_str().expect("run id");
@@ -249,8 +276,8 @@ async fn events_through_a_crash(backend: Backend) {
         return;
     };
     h.register(&["noop", "pass"]).await;
-    let api = Served::start(&h).await;
-    let (_, submitted) = api.submit(TWO_STAGES, None).await;
+    let api = Served::start(BIN, &h.url).await;
+    let (_, submitted) = submit(&api, TWO_STAGES, None).await;
     let run = submitted["run_id"].as_str().expect("run id").to_string();
 
     let response = api.get(&format!("/runs/{run}/events")).send().await;

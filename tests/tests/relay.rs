@@ -189,12 +189,21 @@ async fn until_idle(relay: Arc<Relay>) {
         .expect("relay ran");
 }
 
+/// The deliveries to `sink`, each checked to name the stage of its event.
 async fn deliveries(h: &Harness, sink: &str) -> Vec<DeliveryRow> {
     let all = h
         .store
         .delivery_list(&DeliveryFilter::default())
         .await
         .expect("deliveries");
+    let events = h.store.outbox_list(None).await.expect("the outbox");
+    for d in &all {
+        let event = events
+            .iter()
+            .find(|e| e.id == d.outbox_id)
+            .expect("its event");
+        assert_eq!(d.stage, event.stage, "delivery {}", d.id);
+    }
     all.into_iter().filter(|d| d.sink == sink).collect()
 }
 

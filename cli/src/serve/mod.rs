@@ -1,9 +1,11 @@
 //! `ratchet serve`: the client's operations over HTTP (axum), with an
 //! OpenAPI document generated from the handlers (utoipa), errors as
 //! problem documents (`problem.rs`), a bearer token on everything but
-//! `/health`, and a run's changes as Server-Sent Events (`events.rs`).
-//! Runs' endpoints are in `runs.rs`. See docs/http-api.md.
+//! `/health` and the dashboard's page (`dashboard.rs`), and a run's
+//! changes as Server-Sent Events (`events.rs`). Runs' endpoints are in
+//! `runs.rs`. See docs/http-api.md and docs/dashboard.md.
 
+mod dashboard;
 mod events;
 pub mod metrics;
 mod problem;
@@ -85,6 +87,7 @@ pub fn router(client: Client, token: Option<&str>) -> Result<axum::Router> {
     let (guarded, mut doc) = OpenApiRouter::with_openapi(Doc::openapi())
         .routes(routes!(runs::submit, runs::list))
         .routes(routes!(runs::get))
+        .routes(routes!(runs::graph))
         .routes(routes!(runs::attempts))
         .routes(routes!(runs::artifacts))
         .routes(routes!(runs::artifact))
@@ -120,6 +123,7 @@ pub fn router(client: Client, token: Option<&str>) -> Result<axum::Router> {
         openapi: doc.to_json().context("rendering the OpenAPI document")?,
     });
     let guarded = guarded.layer(middleware::from_fn_with_state(api.clone(), authorize));
+    let open = open.route("/ui/{asset}", axum::routing::get(dashboard::asset));
     let app = guarded
         .merge(open)
         .fallback(|| async {
@@ -134,7 +138,8 @@ pub fn router(client: Client, token: Option<&str>) -> Result<axum::Router> {
                 "this endpoint does not take that method; GET /openapi.json lists what it takes",
             )
         })
-        .with_state(api);
+        .with_state(api)
+        .layer(middleware::from_fn(dashboard::negotiate));
     Ok(app)
 }
 

@@ -11,7 +11,7 @@ use base64::Engine;
 use ratchet_runtime::client::{RunDetail, RunPage, Submitted};
 use ratchet_runtime::manifest::Pipeline;
 use ratchet_runtime::store::{
-    ArtifactMeta, AttemptRow, Decision, ModelCall, Retried, RunQuery, RunState, Verdict,
+    ArtifactMeta, AttemptRow, Decision, ModelCall, Retried, RunGraph, RunQuery, RunState, Verdict,
 };
 use serde::{Deserialize, Serialize};
 
@@ -113,6 +113,8 @@ pub struct RunsQuery {
     state: Option<RunState>,
     /// Only runs of this pipeline (its `name`).
     pipeline: Option<String>,
+    /// Only the run submitted with this `Idempotency-Key`.
+    key: Option<String>,
     /// Most runs in the page (1 to 1000; 50 by default).
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
@@ -143,9 +145,23 @@ pub async fn list(
         state: q.state,
         pipeline: q.pipeline,
         before: q.cursor,
+        key: q.key,
         limit,
     };
     Ok(Json(api.client.runs(&query).await?))
+}
+
+/// A run's graph: its happens-before edges (`data` for an input read,
+/// `after` for ordering only), each with whether it is satisfied, and
+/// where each stage's inputs are read from.
+#[utoipa::path(get, path = "/runs/{run}/graph", tag = "runs",
+    params(("run" = String, Path, description = "The run's id")),
+    responses(
+        (status = 200, description = "The run's edges and input bindings", body = RunGraph),
+        (status = 404, description = "No such run", body = Problem, content_type = PROBLEM_JSON),
+    ))]
+pub async fn graph(api: Shared, Path(run): Path<String>) -> Result<Json<RunGraph>, Problem> {
+    Ok(Json(api.client.graph(&run).await?))
 }
 
 /// A run with its stages.

@@ -41,7 +41,7 @@ use crate::registry::{self, Registered, RegistryError};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::store::{
     self, Artifact, ArtifactMeta, AttemptRow, CallerTransaction, Decision, DeliveryFilter,
-    DeliveryRow, JobRow, ModelCall, PluginCap, PluginSummary, Retried, RunQuery, RunRow,
+    DeliveryRow, JobRow, ModelCall, PluginCap, PluginSummary, Retried, RunGraph, RunQuery, RunRow,
     RunSubmitOutcome, SqliteStore, Store, Verdict,
 };
 
@@ -341,6 +341,23 @@ impl Client {
                 .into())
             }
         }
+    }
+
+    /// The run's graph as stored: its edges, each with whether it is
+    /// satisfied, and where each stage's inputs are read from.
+    ///
+    /// ```no_run
+    /// # use ratchet_runtime::client::{Client, ClientError};
+    /// # async fn waits(client: &Client, run_id: &str) -> Result<(), ClientError> {
+    /// let graph = client.graph(run_id).await?;
+    /// for edge in graph.edges.iter().filter(|e| !e.satisfied) {
+    ///     println!("{} waits for {}", edge.to_stage, edge.from_stage);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn graph(&self, run_id: &str) -> Result<RunGraph> {
+        self.run_row(run_id).await?;
+        Ok(self.inner.store.run_graph(run_id).await?)
     }
 
     pub async fn artifacts(&self, run_id: &str) -> Result<Vec<ArtifactMeta>> {

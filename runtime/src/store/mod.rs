@@ -223,6 +223,9 @@ macro_rules! impl_store {
             async fn job_list(&self, run_id: &str) -> Result<Vec<JobRow>> {
                 jobs::list(&self.pool, Some(run_id)).await
             }
+            async fn run_graph(&self, run_id: &str) -> Result<RunGraph> {
+                runs::graph(&self.pool, run_id).await
+            }
             async fn artifact_get(&self, run_id: &str, stage: &str, output: &str) -> Result<Option<Artifact>> {
                 artifacts::get(&self.pool, run_id, stage, output).await
             }

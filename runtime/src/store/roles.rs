@@ -199,6 +199,8 @@ pub trait History: Send + Sync {
     /// for walking every run a page at a time.
     async fn run_ids(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>>;
     async fn job_list(&self, run_id: &str) -> Result<Vec<JobRow>>;
+    /// The run's edges and input bindings (two reads, not one snapshot).
+    async fn run_graph(&self, run_id: &str) -> Result<RunGraph>;
     async fn artifact_get(
         &self,
         run_id: &str,

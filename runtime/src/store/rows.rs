@@ -318,6 +318,7 @@ pub(crate) fn delivery_row(row: &impl RowExt) -> Result<DeliveryRow> {
         dedup_key: row.text("dedup_key")?,
         event: row.text("event")?,
         run_id: row.text("run_id")?,
+        stage: row.text("stage")?,
         sink: row.text("sink")?,
         state: DeliveryState::parse(&state)
             .ok_or_else(|| corrupt("deliveries", format!("unknown state `{state}`")))?,
@@ -345,6 +346,26 @@ pub(crate) fn edge_row(row: &impl RowExt) -> Result<(String, NewEdge, bool)> {
         },
         row.int("satisfied")? != 0,
     ))
+}
+
+/// A run's graph from its `edges` and `job_inputs` rows.
+pub(crate) fn run_graph(edges: &[impl RowExt], inputs: &[impl RowExt]) -> Result<RunGraph> {
+    let edges = edges.iter().map(|row| {
+        let (_, edge, satisfied) = edge_row(row)?;
+        Ok(GraphEdge {
+            from_stage: edge.from_stage,
+            to_stage: edge.to_stage,
+            kind: edge.kind,
+            satisfied,
+        })
+    });
+    Ok(RunGraph {
+        edges: edges.collect::<Result<_>>()?,
+        inputs: inputs
+            .iter()
+            .map(|row| Ok(input_row(row)?.1))
+            .collect::<Result<_>>()?,
+    })
 }
 
 pub(crate) fn input_row(row: &impl RowExt) -> Result<(String, InputBinding)> {

@@ -163,7 +163,7 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
 
 pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
     let rows = sqlx::query(
-        "SELECT d.*, o.dedup_key, o.event FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
+        "SELECT d.*, o.dedup_key, o.event, o.stage FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
          WHERE ($1::TEXT IS NULL OR d.run_id = $1) AND ($2::TEXT IS NULL OR d.state = $2)
          ORDER BY d.outbox_id, d.sink",
     )

@@ -199,7 +199,7 @@ async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery
 
 pub(super) async fn list(pool: &SqlitePool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
     let rows = sqlx::query(
-        "SELECT d.*, o.dedup_key, o.event FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
+        "SELECT d.*, o.dedup_key, o.event, o.stage FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
          WHERE (?1 IS NULL OR d.run_id = ?1) AND (?2 IS NULL OR d.state = ?2)
          ORDER BY d.outbox_id, d.sink",
     )

@@ -157,19 +157,37 @@ pub(super) async fn list(store: &SqliteStore) -> Result<Vec<RunRow>> {
 }
 
 pub(super) async fn page(store: &SqliteStore, q: &RunQuery) -> Result<Vec<RunRow>> {
-    let rows = sqlx::query(
-        "SELECT * FROM runs
+    // A key names at most one run: found through its unique index.
+    let by_key = "SELECT * FROM runs
+         WHERE idempotency_key = ?5 AND (?1 IS NULL OR state = ?1)
+           AND (?2 IS NULL OR pipeline = ?2) AND (?3 IS NULL OR id < ?3) LIMIT ?4";
+    let all = "SELECT * FROM runs
          WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR pipeline = ?2)
            AND (?3 IS NULL OR id < ?3)
-         ORDER BY id DESC LIMIT ?4",
-    )
-    .bind(q.state.map(RunState::as_str))
-    .bind(q.pipeline.as_deref())
-    .bind(q.before.as_deref())
-    .bind(i64::try_from(q.limit).unwrap_or(i64::MAX))
-    .fetch_all(&store.pool)
-    .await?;
+         ORDER BY id DESC LIMIT ?4";
+    let mut query = sqlx::query(if q.key.is_some() { by_key } else { all })
+        .bind(q.state.map(RunState::as_str))
+        .bind(q.pipeline.as_deref())
+        .bind(q.before.as_deref())
+        .bind(i64::try_from(q.limit).unwrap_or(i64::MAX));
+    if let Some(key) = &q.key {
+        query = query.bind(key);
+    }
+    let rows = query.fetch_all(&store.pool).await?;
     rows.iter().map(rows::run_row).collect()
+}
+
+pub(super) async fn graph(pool: &SqlitePool, run_id: &str) -> Result<RunGraph> {
+    let edges =
+        sqlx::query("SELECT * FROM edges WHERE run_id = ? ORDER BY from_stage, to_stage, kind")
+            .bind(run_id)
+            .fetch_all(pool)
+            .await?;
+    let inputs = sqlx::query("SELECT * FROM job_inputs WHERE run_id = ? ORDER BY stage, input")
+        .bind(run_id)
+        .fetch_all(pool)
+        .await?;
+    rows::run_graph(&edges, &inputs)
 }
 
 pub(super) async fn events(store: &SqliteStore, run_id: &str) -> Result<Vec<RunEvent>> {

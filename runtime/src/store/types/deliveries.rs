@@ -144,6 +144,8 @@ pub struct DeliveryRow {
     pub dedup_key: String,
     pub event: String,
     pub run_id: String,
+    /// The stage whose completion committed the event.
+    pub stage: String,
     pub sink: String,
     pub state: DeliveryState,
     pub attempts: i64,

@@ -154,7 +154,28 @@ pub struct RunQuery {
     pub pipeline: Option<String>,
     /// Only runs older than this one (the last id of the page before).
     pub before: Option<String>,
+    /// Only the run submitted with this idempotency key.
+    pub key: Option<String>,
     pub limit: usize,
+}
+
+/// A run's graph as stored: its happens-before edges, each with whether
+/// it is satisfied, and where each stage's inputs are read from (a mapped
+/// stage's elements included, once it was expanded).
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
+pub struct RunGraph {
+    pub edges: Vec<GraphEdge>,
+    pub inputs: Vec<InputBinding>,
+}
+
+/// One happens-before edge of a run's graph.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct GraphEdge {
+    pub from_stage: String,
+    pub to_stage: String,
+    pub kind: EdgeKind,
+    /// `from_stage` committed its success.
+    pub satisfied: bool,
 }
 
 #[derive(Debug, Clone)]

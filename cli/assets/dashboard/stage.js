@@ -4,7 +4,7 @@
 // read it read the canonical bytes.
 
 import { bytes, path } from "/ui/api.js";
-import { badge, byName, count, digest, duration, el, time } from "/ui/ui.js";
+import { badge, byName, clock, count, digest, duration, el, time } from "/ui/ui.js";
 
 /** `data`: what the run's page read (see run.js); `ctx`: its actions. */
 export function stagePanel(name, data, ctx) {
@@ -122,7 +122,7 @@ function timeline(attempts) {
           " ",
           " ",
           time(a.claimed_at),
-          a.finished_at ? [" to ", time(a.finished_at), ` (${duration(end - start)})`] : " · running",
+          a.finished_at ? [" to ", clock(a.finished_at), ` (${duration(end - start)})`] : " · running",
           proposal(a),
         ),
         a.error ? el("pre", { class: "error" }, a.error) : null,

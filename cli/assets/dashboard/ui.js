@@ -36,6 +36,13 @@ export function time(rfc3339) {
   return el("time", { datetime: rfc3339, title: rfc3339 }, TIME.format(at));
 }
 
+const CLOCK = new Intl.DateTimeFormat(undefined, { timeStyle: "medium" });
+
+/** Only the time of day, for an end shown beside its start. */
+export function clock(rfc3339) {
+  return el("time", { datetime: rfc3339, title: rfc3339 }, CLOCK.format(new Date(rfc3339)));
+}
+
 export function duration(ms) {
   if (ms < 1000) return `${Math.round(ms)} ms`;
   if (ms < 60_000) return `${(ms / 1000).toFixed(1)} s`;

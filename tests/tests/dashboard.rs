@@ -408,6 +408,8 @@ async fn a_thousand_stage_run_loads_with_its_counts() {
 /// An action the server refuses shows the server's own reason: the gate
 /// is rejected through the API while the operator's confirmation dialog
 /// for approving it is open, so the approval comes second and is refused.
+/// A run that does not exist gets the server's reason too, not a page
+/// left loading (seen failing so before the 404 was told).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_action_shows_the_servers_reason() {
     let Some(driver) = chromedriver() else {
@@ -449,5 +451,15 @@ async fn a_refused_action_shows_the_servers_reason() {
     );
     b.wait("[data-run-state='failed']").await;
     b.screenshot("refused-approval").await;
+
+    // A run that does not exist is said so, with the server's words.
+    b.goto("/runs/no-such-run").await;
+    let said = b
+        .wait("main .panel p")
+        .await
+        .text()
+        .await
+        .expect("the reason");
+    assert!(said.contains("no-such-run"), "{said}");
     b.close().await;
 }

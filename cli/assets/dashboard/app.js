@@ -62,6 +62,9 @@ document.getElementById("login-form").addEventListener("submit", (e) => {
   route();
 });
 
+// Without the token nothing can be shown: Escape does not close the form.
+login.addEventListener("cancel", (e) => e.preventDefault());
+
 logout.addEventListener("click", () => {
   forgetToken();
   route();

@@ -3,7 +3,7 @@
 // event stream and reads the run again after each change, so what it shows
 // moves without a reload.
 
-import { events, get, path, post } from "/ui/api.js";
+import { ApiError, events, get, path, post } from "/ui/api.js";
 import { draw, layout, model } from "/ui/graph.js";
 import { artifactTable, stagePanel } from "/ui/stage.js";
 import { badge, confirm, count, el, say, time } from "/ui/ui.js";
@@ -80,7 +80,15 @@ export function runPage(main, runId, app) {
       } while (life.again);
       if (view.data.run.state === "running") follow();
     } catch (e) {
-      if (!life.stopped) app.fail(e);
+      if (life.stopped) return;
+      if (e instanceof ApiError && e.status === 404) {
+        stop();
+        main.replaceChildren(
+          el("section", { class: "panel" }, el("h1", {}, "No such run"), el("p", {}, e.message), el("a", { href: "/", "data-nav": true }, "← All runs")),
+        );
+        return;
+      }
+      app.fail(e);
     } finally {
       life.reading = false;
     }

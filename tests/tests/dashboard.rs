@@ -218,6 +218,30 @@ async fn a_crashed_demo_run_shows_its_graph_its_replay_and_canonical_reads() {
     let b = Browser::signed_in(&driver, &api).await;
 
     // The runs list links to it.
+    b.wait(&format!("tr[data-run='{run}']")).await;
+    b.screenshot("runs-list").await;
+    // Filtered to failed runs, it has none; searched by the id, this one.
+    b.wait("select[name=state] option[value=failed]")
+        .await
+        .click()
+        .await
+        .expect("choose failed");
+    b.click("form.filters button[type=submit]").await;
+    b.wait("main p.empty").await;
+    b.wait("select[name=state] option[value='']")
+        .await
+        .click()
+        .await
+        .expect("choose any");
+    b.wait("input[name=q]")
+        .await
+        .send_keys(&run)
+        .await
+        .expect("type the id");
+    b.click("form.filters button[type=submit]").await;
+    b.wait(&format!("tr[data-run='{run}']")).await;
+    let url = b.client.current_url().await.expect("the URL");
+    assert_eq!(url.query(), Some(format!("q={run}").as_str()));
     b.click(&format!("tr[data-run='{run}'] a")).await;
     b.wait("[data-run-state='succeeded']").await;
 

@@ -299,6 +299,31 @@ async fn a_crashed_demo_run_shows_its_graph_its_replay_and_canonical_reads() {
     }
     assert!(reads >= 3, "the demo's stages read {reads} artifacts");
     assert!(b.all(".canonical-differs").await.is_empty());
+
+    // The draft's bytes, viewed from the provenance table, are the stored
+    // ones, and can be downloaded.
+    let provenance = "section[aria-labelledby='provenance-title']";
+    b.click(&format!(
+        "{provenance} tr[data-artifact='draft.draft'] button"
+    ))
+    .await;
+    let shown = b
+        .wait(&format!("{provenance} tr.viewer-row pre.content"))
+        .await;
+    let stored = h.store.artifact_get(&run, "draft", "draft").await;
+    let stored = stored.expect("read the draft").expect("a draft");
+    let text = String::from_utf8(stored.bytes).expect("the draft is text");
+    assert_eq!(
+        shown.text().await.expect("the shown bytes"),
+        text.trim_end()
+    );
+    let download = b
+        .attr(
+            &format!("{provenance} tr.viewer-row a[download]"),
+            "download",
+        )
+        .await;
+    assert_eq!(download.as_deref(), Some("draft.draft"));
     b.screenshot("crashed-demo-run").await;
     b.close().await;
 }
@@ -315,12 +340,8 @@ async fn approving_a_gate_by_clicking_finishes_the_run_without_a_reload() {
     let h = Harness::new().await;
     h.register(&["split", "summarise", "join", "publish"]).await;
     let api = Served::start(BIN, &h.url).await;
-    let pipeline = std::fs::read_to_string(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/map-reduce.toml"),
-    )
-    .expect("the map-reduce pipeline");
     let text = "One paragraph.\n\nTwo paragraphs.\n\nThree.";
-    let run = submit(&api, &pipeline, text).await;
+    let run = submit(&api, &map_reduce(), text).await;
     let mut worker = ratchet(BIN, &h.url);
     worker.args(["worker", "--worker-id", "beside-the-page"]);
     let _worker = worker.spawn().expect("spawn a worker");
@@ -427,6 +448,54 @@ async fn a_thousand_stage_run_loads_with_its_counts() {
     );
     b.screenshot("thousand-stage-run").await;
     b.close().await;
+}
+
+/// A map of more elements than the graph draws one by one (80, over the
+/// 60 it unfolds) shows only its counts, with no control to unfold it;
+/// its panel still lists every element. Seen failing with the limit
+/// unchecked: the 80 elements had a **+** like a small map's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_map_is_drawn_as_its_counts() {
+    let Some(driver) = chromedriver() else {
+        return;
+    };
+    let h = Harness::new().await;
+    h.register(&["split", "summarise", "join", "publish"]).await;
+    let api = Served::start(BIN, &h.url).await;
+    let text: Vec<String> = (0..80).map(|i| format!("Paragraph {i}.")).collect();
+    let run = submit(&api, &map_reduce(), &text.join("\n\n")).await;
+    let mut worker = ratchet(BIN, &h.url);
+    worker.args(["worker", "--worker-id", "beside-the-page"]);
+    let _worker = worker.spawn().expect("spawn a worker");
+
+    let b = Browser::signed_in(&driver, &api).await;
+    b.goto(&format!("/runs/{run}")).await;
+    b.wait("g.node[data-stage='review'][data-state='awaiting']")
+        .await;
+    let map = "g.node[data-stage='summarise'][data-kind='map']";
+    let title = b.wait(&format!("{map} text.sub")).await.text().await;
+    assert_eq!(title.expect("map counts"), "map of 80 · 80 succeeded");
+    assert!(b.all("g.toggle").await.is_empty(), "a large map unfolds");
+    assert!(b.all("g.node[data-kind='element']").await.is_empty());
+    let size = b.wait("p.size").await.text().await.expect("the run's size");
+    assert!(
+        size.starts_with("85 stages (80 of them map elements):"),
+        "{size}"
+    );
+    b.click(map).await;
+    let listed = b
+        .all(".panel.stage[data-stage='summarise'] .elements button")
+        .await;
+    assert_eq!(listed.len(), 80);
+    b.screenshot("large-map").await;
+    b.close().await;
+}
+
+fn map_reduce() -> String {
+    std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/map-reduce.toml"),
+    )
+    .expect("the map-reduce pipeline")
 }
 
 /// An action the server refuses shows the server's own reason: the gate

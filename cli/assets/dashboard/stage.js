@@ -224,21 +224,23 @@ const TEXT = /^(text\/|application\/(json|xml|toml|yaml|x-ndjson)|[^;]*\+(json|x
 /** Artifacts with their provenance; each can be viewed and downloaded. */
 export function artifactTable(artifacts, data, ctx) {
   if (!artifacts.length) return el("p", { class: "muted" }, "None stored yet.");
-  const rows = artifacts.flatMap((artifact) => {
-    const key = `${artifact.stage}.${artifact.output}`;
+  const key = (a) => `${a.stage}.${a.output}`;
+  const ordered = [...artifacts].sort((a, b) => byName(key(a), key(b)));
+  const rows = ordered.flatMap((artifact) => {
+    const name = key(artifact);
     const viewer = el("td", { colspan: 5, class: "viewer" });
-    const viewing = ctx.viewing.has(key);
+    const viewing = ctx.viewing.has(name);
     if (viewing) show(viewer, artifact, ctx);
     const toggle = () => {
-      if (ctx.viewing.has(key)) ctx.viewing.delete(key);
-      else ctx.viewing.add(key);
+      if (ctx.viewing.has(name)) ctx.viewing.delete(name);
+      else ctx.viewing.add(name);
       ctx.redraw();
     };
     return [
       el(
         "tr",
-        { "data-artifact": key },
-        el("th", { scope: "row" }, el("code", {}, key), el("div", { class: "muted" }, artifact.media_type)),
+        { "data-artifact": name },
+        el("th", { scope: "row" }, el("code", {}, name), el("div", { class: "muted" }, artifact.media_type)),
         el("td", {}, `${count.format(artifact.size)} B`, el("div", {}, digest(artifact.digest))),
         el(
           "td",

@@ -1,4 +1,7 @@
 //! Read-only commands: `plugin list`, `status`, `artifacts`, `audit`.
+//! What the client offers (a run, its attempts, artifacts and deliveries,
+//! the plugins) is read through it, as the HTTP API reads it; a run's
+//! history and the audit read the store.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -7,8 +10,11 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use crate::{BadInput, Env, when};
+use ratchet_runtime::client::RunDetail;
 use ratchet_runtime::relay::Sinks;
-use ratchet_runtime::store::{AttemptRow, DeliveryFilter, JobRow, JobState, PluginSummary, map};
+use ratchet_runtime::store::{
+    AttemptRow, DeliveryFilter, JobRow, JobState, PluginSummary, RunQuery, RunRow, map,
+};
 use ratchet_runtime::text::escape_controls;
 
 /// `value` on stdout as pretty JSON, the command's whole output.
@@ -18,7 +24,7 @@ pub fn print_json(value: &serde_json::Value) -> Result<ExitCode> {
 }
 
 pub async fn plugin_list(env: &Env, json: bool) -> Result<ExitCode> {
-    let plugins = env.store.plugin_list().await?;
+    let plugins = env.client.plugins().await?;
     if json {
         return print_json(&serde_json::to_value(&plugins)?);
     }
@@ -73,14 +79,33 @@ pub async fn plugin_show(env: &Env, spec: &str, json: bool) -> Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
+/// Every run, oldest first, read a page at a time.
+async fn every_run(env: &Env) -> Result<Vec<RunRow>> {
+    let mut query = RunQuery {
+        limit: 1000,
+        ..RunQuery::default()
+    };
+    let mut runs = Vec::new();
+    loop {
+        let page = env.client.runs(&query).await?;
+        runs.extend(page.runs);
+        match page.next_cursor {
+            Some(cursor) => query.before = Some(cursor),
+            None => break,
+        }
+    }
+    runs.reverse();
+    Ok(runs)
+}
+
 fn short(digest: &str) -> &str {
     &digest[..digest.len().min(12)]
 }
 
 async fn plugin_names(env: &Env) -> Result<HashMap<String, PluginSummary>> {
     Ok(env
-        .store
-        .plugin_list()
+        .client
+        .plugins()
         .await?
         .into_iter()
         .map(|p| (p.digest.clone(), p))
@@ -89,7 +114,7 @@ async fn plugin_names(env: &Env) -> Result<HashMap<String, PluginSummary>> {
 
 pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) -> Result<ExitCode> {
     let Some(run_id) = run else {
-        let runs = env.store.run_list().await?;
+        let runs = every_run(env).await?;
         if json {
             println!("{}", serde_json::to_string_pretty(&runs)?);
         } else {
@@ -101,13 +126,7 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
         }
         return Ok(ExitCode::SUCCESS);
     };
-    let Some(run) = env.store.run_get(run_id).await? else {
-        return Err(BadInput(format!(
-            "run `{run_id}` does not exist (list runs with `ratchet status`)"
-        ))
-        .into());
-    };
-    let jobs = env.store.job_list(run_id).await?;
+    let RunDetail { run, stages: jobs } = env.client.run(run_id).await?;
     // A mapped stage's elements, counted by state under it unless asked.
     let mut counts: HashMap<String, BTreeMap<&str, u64>> = HashMap::new();
     let jobs: Vec<JobRow> = if elements {
@@ -128,13 +147,13 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
             (by_state, states.join(", "))
         })
     };
-    let mut artifacts = env.store.artifact_list(run_id).await?;
+    let mut artifacts = env.client.artifacts(run_id).await?;
     if !elements {
         // A list's elements, stored under its stage, go with the elements.
         artifacts.retain(|a| !map::is_element(&a.output));
     }
     let mut attempts: HashMap<i64, Vec<AttemptRow>> = HashMap::new();
-    for a in env.store.attempt_list(run_id).await? {
+    for a in env.client.attempts(run_id, None).await? {
         attempts.entry(a.job_id).or_default().push(a);
     }
     let attempts_of = |j: &JobRow| attempts.get(&j.id).map_or(&[][..], Vec::as_slice);
@@ -165,7 +184,7 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
             })
             .collect();
         let history = env.store.run_events(run_id).await?;
-        let deliveries = env.store.delivery_list(&run_deliveries(run_id)).await?;
+        let deliveries = env.client.deliveries(&run_deliveries(run_id)).await?;
         let doc = serde_json::json!({
             "run": run, "stages": stages, "history": history, "deliveries": deliveries,
         });
@@ -221,7 +240,7 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
             when::local(event.at)
         );
     }
-    for d in env.store.delivery_list(&run_deliveries(run_id)).await? {
+    for d in env.client.deliveries(&run_deliveries(run_id)).await? {
         let error = d.last_error.as_deref().map_or(String::new(), |e| {
             format!("; last error: {}", ratchet_runtime::text::bounded(e, 120))
         });
@@ -274,14 +293,8 @@ pub async fn artifacts(
     raw: bool,
     json: bool,
 ) -> Result<ExitCode> {
-    if env.store.run_get(run_id).await?.is_none() {
-        return Err(BadInput(format!(
-            "run `{run_id}` does not exist (list runs with `ratchet status`)"
-        ))
-        .into());
-    }
     let Some(which) = which else {
-        let list = env.store.artifact_list(run_id).await?;
+        let list = env.client.artifacts(run_id).await?;
         if json {
             return print_json(&serde_json::to_value(&list)?);
         }
@@ -307,12 +320,7 @@ pub async fn artifacts(
     let Some((stage, output)) = which.split_once('.') else {
         return Err(BadInput(format!("`{which}` is not STAGE.OUTPUT (e.g. draft.draft)")).into());
     };
-    let Some(artifact) = env.store.artifact_get(run_id, stage, output).await? else {
-        return Err(BadInput(format!(
-            "run `{run_id}` has no artifact `{which}` (list them with `ratchet artifacts {run_id}`)"
-        ))
-        .into());
-    };
+    let artifact = env.client.artifact(run_id, stage, output).await?;
     if json {
         let text = std::str::from_utf8(&artifact.bytes).ok();
         return print_json(&serde_json::json!({ "artifact": artifact.meta, "text": text }));

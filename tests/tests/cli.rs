@@ -175,7 +175,7 @@ async fn bad_input_gets_one_line_exit_code_two_and_changes_nothing() {
     assert_bad_input(&cli(url, &["frobnicate"]).await, "frobnicate");
     assert_bad_input(
         &cli(url, &["artifacts", "no-such-run"]).await,
-        "run `no-such-run` does not exist",
+        "no run `no-such-run` in this database",
     );
 
     let junk = dir.path().join("junk.wasm");

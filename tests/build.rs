@@ -10,7 +10,11 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    // Read when the script runs, not when it was compiled: a script built
+    // in another checkout sharing this target dir must not build that
+    // checkout's files (it did, and failed once that checkout was gone).
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let root = PathBuf::from(manifest).join("..");
     let app = root.join("plugins/python/headline");
     let wit = root.join("plugin-sdk/wit");
     println!("cargo::rerun-if-changed={}", app.join("app.py").display());

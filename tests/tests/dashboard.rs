@@ -337,20 +337,15 @@ async fn approving_a_gate_by_clicking_finishes_the_run_without_a_reload() {
     let Some(driver) = chromedriver() else {
         return;
     };
-    let h = Harness::new().await;
-    h.register(&["split", "summarise", "join", "publish"]).await;
-    let api = Served::start(BIN, &h.url).await;
-    let text = "One paragraph.\n\nTwo paragraphs.\n\nThree.";
-    let run = submit(&api, &map_reduce(), text).await;
-    let mut worker = ratchet(BIN, &h.url);
-    worker.args(["worker", "--worker-id", "beside-the-page"]);
-    let _worker = worker.spawn().expect("spawn a worker");
-
-    let b = Browser::signed_in(&driver, &api).await;
-    // A browser opening the run's URL gets the page, not the JSON.
-    b.goto(&format!("/runs/{run}")).await;
-    b.wait("g.node[data-stage='review'][data-state='awaiting']")
-        .await;
+    let paragraphs = ["One paragraph.", "Two paragraphs.", "Three."];
+    // Every field bound: the server and the worker live to the end.
+    let MapReduce {
+        h,
+        _api,
+        _worker,
+        run,
+        b,
+    } = MapReduce::at_its_gate(&driver, &paragraphs).await;
     let map = "g.node[data-stage='summarise'][data-kind='map']";
     let title = b.wait(&format!("{map} text.sub")).await.text().await;
     assert_eq!(title.expect("map counts"), "map of 3 · 3 succeeded");
@@ -459,19 +454,14 @@ async fn a_large_map_is_drawn_as_its_counts() {
     let Some(driver) = chromedriver() else {
         return;
     };
-    let h = Harness::new().await;
-    h.register(&["split", "summarise", "join", "publish"]).await;
-    let api = Served::start(BIN, &h.url).await;
-    let text: Vec<String> = (0..80).map(|i| format!("Paragraph {i}.")).collect();
-    let run = submit(&api, &map_reduce(), &text.join("\n\n")).await;
-    let mut worker = ratchet(BIN, &h.url);
-    worker.args(["worker", "--worker-id", "beside-the-page"]);
-    let _worker = worker.spawn().expect("spawn a worker");
-
-    let b = Browser::signed_in(&driver, &api).await;
-    b.goto(&format!("/runs/{run}")).await;
-    b.wait("g.node[data-stage='review'][data-state='awaiting']")
-        .await;
+    let paragraphs: Vec<String> = (0..80).map(|i| format!("Paragraph {i}.")).collect();
+    let MapReduce {
+        h: _h,
+        _api,
+        _worker,
+        run: _,
+        b,
+    } = MapReduce::at_its_gate(&driver, &paragraphs).await;
     let map = "g.node[data-stage='summarise'][data-kind='map']";
     let title = b.wait(&format!("{map} text.sub")).await.text().await;
     assert_eq!(title.expect("map counts"), "map of 80 · 80 succeeded");
@@ -491,11 +481,44 @@ async fn a_large_map_is_drawn_as_its_counts() {
     b.close().await;
 }
 
-fn map_reduce() -> String {
-    std::fs::read_to_string(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/map-reduce.toml"),
-    )
-    .expect("the map-reduce pipeline")
+/// A map-reduce run (`plugins/map-reduce.toml`) of one element per
+/// paragraph, worked on by a real worker beside the page, open in a
+/// signed-in browser once its gate awaits a decision. A browser opening
+/// the run's URL gets the page, not the JSON.
+struct MapReduce {
+    h: Harness,
+    _api: Served,
+    _worker: tokio::process::Child,
+    run: String,
+    b: Browser,
+}
+
+impl MapReduce {
+    async fn at_its_gate(driver: &str, paragraphs: &[impl AsRef<str>]) -> Self {
+        let h = Harness::new().await;
+        h.register(&["split", "summarise", "join", "publish"]).await;
+        let api = Served::start(BIN, &h.url).await;
+        let pipeline = std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../plugins/map-reduce.toml"),
+        )
+        .expect("the map-reduce pipeline");
+        let text: Vec<&str> = paragraphs.iter().map(AsRef::as_ref).collect();
+        let run = submit(&api, &pipeline, &text.join("\n\n")).await;
+        let mut worker = ratchet(BIN, &h.url);
+        worker.args(["worker", "--worker-id", "beside-the-page"]);
+        let worker = worker.spawn().expect("spawn a worker");
+        let b = Browser::signed_in(driver, &api).await;
+        b.goto(&format!("/runs/{run}")).await;
+        b.wait("g.node[data-stage='review'][data-state='awaiting']")
+            .await;
+        Self {
+            h,
+            _api: api,
+            _worker: worker,
+            run,
+            b,
+        }
+    }
 }
 
 /// An action the server refuses shows the server's own reason: the gate

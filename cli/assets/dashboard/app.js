@@ -39,7 +39,7 @@ function route() {
   view = run ? runPage(main, decodeURIComponent(run[1]), app) : runsPage(main, app);
 }
 
-export function navigate(href) {
+function navigate(href) {
   history.pushState({}, "", href);
   route();
   window.scrollTo(0, 0);

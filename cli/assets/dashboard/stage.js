@@ -20,7 +20,7 @@ export function stagePanel(name, data, ctx) {
     el("h2", { id: "stage-title" }, el("span", {}, name), " ", badge(job.state)),
     facts(job, data),
     job.gate != null && job.state === "awaiting" ? decision(name, ctx) : null,
-    job.map ? section("Elements", elements(name, data).length, elementList(name, data, ctx)) : null,
+    job.map ? mapElements(name, data, ctx) : null,
     section("Attempts", attempts.length, timeline(attempts)),
     calls.length ? section("Model journal", calls.length, journal(calls, attempts)) : null,
     section("Outputs", outputs.length, artifactTable(outputs, data, ctx)),
@@ -32,14 +32,14 @@ function section(title, n, body) {
   return el("div", { class: "part" }, el("h3", {}, title, " ", el("span", { class: "count" }, count.format(n))), body);
 }
 
-/** A mapped stage's elements' jobs, in element order. */
-function elements(name, data) {
-  return data.stages.filter((s) => s.stage.startsWith(`${name}[`)).sort((a, b) => byName(a.stage, b.stage));
+/** A map's elements, in element order, as a section of its panel. */
+function mapElements(name, data, ctx) {
+  const all = data.stages.filter((s) => s.stage.startsWith(`${name}[`)).sort((a, b) => byName(a.stage, b.stage));
+  return section("Elements", all.length, elementList(name, all, ctx));
 }
 
 /** Each element as a button that chooses it; those not succeeded first. */
-function elementList(name, data, ctx) {
-  const all = elements(name, data);
+function elementList(name, all, ctx) {
   if (!all.length) return el("p", { class: "muted" }, "Not expanded yet: its list is not stored.");
   const shown = [...all.filter((s) => s.state !== "succeeded"), ...all.filter((s) => s.state === "succeeded")];
   const most = 200;

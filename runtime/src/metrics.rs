@@ -14,7 +14,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::plugin::ExecReport;
 use crate::scheduler::AttemptOutcome;
-use crate::store::{History, Result};
+use crate::store::{ClaimedJob, History, Result};
 
 /// Attempts that ended, by `plugin` and `outcome` (`succeeded`,
 /// `retrying`, `dead`, `lease_lost`).
@@ -25,6 +25,9 @@ pub const ATTEMPT_SECONDS: &str = "ratchet_attempt_duration_seconds";
 /// Model calls of attempts that ended, by `source`: `fresh` (asked) or
 /// `replayed` (the journaled answer of an earlier attempt).
 pub const MODEL_CALLS: &str = "ratchet_model_calls_total";
+/// Jobs claimed from an attempt whose lease had expired (its worker died
+/// or stalled): each is an attempt the store recorded as `lease_expired`.
+pub const TAKEOVERS: &str = "ratchet_lease_takeovers_total";
 /// Completions per group commit.
 pub const COMMIT_BATCH: &str = "ratchet_commit_batch_size";
 /// Jobs by `state` (`ready`: due now; `running`), read when scraped.
@@ -61,6 +64,17 @@ pub(crate) fn attempt(plugin: &str, outcome: &AttemptOutcome, took: Duration, r:
     if r.model_calls_replayed > 0 {
         metrics::counter!(MODEL_CALLS, "source" => "replayed")
             .increment(u64::from(r.model_calls_replayed));
+    }
+}
+
+/// Records the lease takeovers among jobs just claimed.
+pub(crate) fn claimed(jobs: &[ClaimedJob]) {
+    if !RECORDING.load(Ordering::Relaxed) {
+        return;
+    }
+    let taken_over = jobs.iter().filter(|j| j.taken_over).count();
+    if taken_over > 0 {
+        metrics::counter!(TAKEOVERS).increment(taken_over as u64);
     }
 }
 
@@ -143,6 +157,7 @@ fn describe() {
         MODEL_CALLS,
         "Model calls of ended attempts, fresh or replayed"
     );
+    describe_counter!(TAKEOVERS, "Jobs claimed from attempts whose lease expired");
     describe_histogram!(COMMIT_BATCH, Unit::Count, "Completions per group commit");
     describe_gauge!(
         JOBS,

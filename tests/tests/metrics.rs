@@ -1,20 +1,25 @@
 //! `/metrics` of a real `ratchet worker --metrics-listen` process after a
-//! known workload (two demo runs, one run whose stage fails fatally), on
-//! both backends: every counter equals what the store says happened.
+//! known workload (two demo runs, one run whose stage fails fatally, and
+//! the attempts of a worker killed mid-attempt taken over), on both
+//! backends: every counter equals what the store says happened.
 //!
 //! Seen failing with every failed attempt labelled `retrying`: the dead
-//! attempt of `always-fatal` was missing from `outcome="dead"`.
+//! attempt of `always-fatal` was missing from `outcome="dead"`; and with
+//! PostgreSQL's claim statement saying no job was taken over: the
+//! takeovers counted 0 where the store recorded `lease_expired` attempts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ratchet_runtime::client::Client;
 use ratchet_runtime::clock::SystemClock;
+use ratchet_runtime::crash::CRASH_EXIT_CODE;
 use ratchet_runtime::store::RunState;
 use ratchet_tests::{
-    BOUND, Backend, DEMO_PLUGINS, Harness, one_stage_pipeline, ratchet, shared_component_cache,
+    BOUND, Backend, DEMO_PLUGINS, Harness, one_stage_pipeline, output, ratchet,
+    shared_component_cache,
 };
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -48,6 +53,15 @@ async fn counters_match_the_store(backend: Backend) {
     let mut runs = vec![h.submit_demo().await, h.submit_demo().await];
     let fatal = one_stage_pipeline("doomed", "always-fatal", "");
     runs.push(h.submit(&fatal, b"").await);
+
+    // A worker that dies after executing its first attempts: their jobs
+    // are taken over when their leases expire.
+    let mut doomed = ratchet(BIN, &h.url);
+    doomed
+        .args(["worker", "--until-idle", "--lease-ms", "300"])
+        .env("FAILPOINTS", "after_execute=return(exit)");
+    let out = output(doomed).await;
+    assert_eq!(out.status.code(), Some(CRASH_EXIT_CODE), "{out:?}");
 
     let mut worker = ratchet(BIN, &h.url);
     worker
@@ -89,11 +103,21 @@ async fn counters_match_the_store(backend: Backend) {
         .map(|p| (p.digest, p.name))
         .collect();
     let mut expected: BTreeMap<(String, String), f64> = BTreeMap::new();
-    let (mut succeeded, mut journaled) = (0.0, 0.0);
+    let (mut succeeded, mut taken_over) = (0.0, 0.0);
+    // Model calls journaled by this worker's attempts, and by the dead
+    // worker's (this worker's attempts replayed them).
+    let (mut fresh, mut replayed) = (0.0, 0.0);
     for run in &runs {
+        let mut dead_workers = BTreeSet::new();
         for a in h.store.attempt_list(run).await.expect("attempts") {
             let plugin = names[a.plugin_digest.as_deref().expect("a plugin stage")].clone();
             let outcome = match a.outcome.as_str() {
+                // The dead worker's, counted by none.
+                "lease_expired" => {
+                    taken_over += 1.0;
+                    dead_workers.insert((a.stage, a.attempt));
+                    continue;
+                }
                 "succeeded" => "succeeded",
                 "failed" if a.error.as_deref().is_some_and(|e| e.contains("fatal")) => "dead",
                 "failed" => "retrying",
@@ -102,7 +126,12 @@ async fn counters_match_the_store(backend: Backend) {
             succeeded += f64::from(u8::from(outcome == "succeeded"));
             *expected.entry((plugin, outcome.to_string())).or_default() += 1.0;
         }
-        journaled += h.store.model_call_list(run).await.expect("journal").len() as f64;
+        for call in h.store.model_call_list(run).await.expect("journal") {
+            match dead_workers.contains(&(call.stage, call.attempt)) {
+                true => replayed += 1.0,
+                false => fresh += 1.0,
+            }
+        }
     }
     for ((plugin, outcome), n) in &expected {
         let key = format!("ratchet_attempts_total{{plugin=\"{plugin}\",outcome=\"{outcome}\"}}");
@@ -125,7 +154,20 @@ async fn counters_match_the_store(backend: Backend) {
     assert!(expected.contains_key(&("always-fatal".into(), "dead".into())));
     assert_eq!(
         sample(&got, "ratchet_model_calls_total{source=\"fresh\"}"),
-        journaled
+        fresh
+    );
+    assert_eq!(
+        sample(&got, "ratchet_model_calls_total{source=\"replayed\"}"),
+        replayed
+    );
+    assert!(
+        taken_over > 0.0,
+        "the dead worker's attempts were taken over"
+    );
+    assert_eq!(
+        sample(&got, "ratchet_lease_takeovers_total"),
+        taken_over,
+        "{text}"
     );
     assert_eq!(
         sample(&got, "ratchet_commit_batch_size_sum"),

@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::store::{
-    CompleteOutcome, EdgeKind, History, JobBatch, JobClaim, JobState, NewEdge, NewJob,
+    ClaimedJob, CompleteOutcome, EdgeKind, History, JobBatch, JobClaim, JobState, NewEdge, NewJob,
     PostgresStore, Queue, RUN_INPUT_STAGE, RunSubmit, StageWork,
 };
 use ratchet_tests::{Backend, Harness, claim, completion, stages};
@@ -91,6 +91,7 @@ async fn claim_order(backend: Backend) {
     };
     let first = claim(h.store.as_ref(), "w1", clock.now_ms(), 2).await;
     assert_eq!(stages(&first), [("a", 1), ("b", 1)], "oldest ready first");
+    assert_eq!(taken_over(&first), [false, false]);
 
     clock.advance(1_000);
     let second = claim(h.store.as_ref(), "w2", clock.now_ms(), 2).await;
@@ -99,8 +100,10 @@ async fn claim_order(backend: Backend) {
         [("a", 2), ("b", 2)],
         "a dead worker's jobs are taken over before ready work starts"
     );
+    assert_eq!(taken_over(&second), [true, true], "said to be taken over");
     let third = claim(h.store.as_ref(), "w2", clock.now_ms(), 5).await;
     assert_eq!(stages(&third), [("c", 1)], "no more than is claimable");
+    assert_eq!(taken_over(&third), [false]);
 
     let attempts = h.store.attempt_list(&run).await.expect("attempts");
     let outcomes: Vec<_> = attempts
@@ -117,6 +120,10 @@ async fn claim_order(backend: Backend) {
             ("c", 1, "running"),
         ]
     );
+}
+
+fn taken_over(claimed: &[ClaimedJob]) -> Vec<bool> {
+    claimed.iter().map(|j| j.taken_over).collect()
 }
 
 async fn fenced_each(backend: Backend) {
@@ -403,16 +410,26 @@ async fn postgres_writes_a_common_batch_in_one_call_and_any_other_in_steps() {
         })
         .collect();
     assert_eq!(released, [vec![], vec!["j".to_string()]], "to the last");
+    assert!(outcome.ending.is_empty(), "the join is still to run");
     assert_eq!(stages(&outcome.claimed), [("j", 1)], "claimed in the call");
     let inputs = outcome.claimed[0].inputs.as_ref().map(Vec::len);
     assert_eq!(inputs, Some(0), "its inputs (none) read in the call");
     assert_eq!(h.run_state(&run).await, "running");
 
-    let outcome = pg
-        .job_complete(completion(&outcome.claimed[0], "w", clock.now_ms()))
-        .await
-        .expect("complete j");
-    assert!(matches!(outcome, CompleteOutcome::Completed { .. }));
+    let last = JobBatch {
+        completions: vec![completion(&outcome.claimed[0], "w", clock.now_ms())],
+        claim: None,
+    };
+    let outcome = pg.job_batch(&last).await.expect("complete j");
+    assert!(matches!(
+        outcome.completed[0],
+        CompleteOutcome::Completed { .. }
+    ));
+    assert_eq!(
+        outcome.ending,
+        std::slice::from_ref(&run),
+        "the run it ended, to announce"
+    );
     assert_eq!(pg.batches_in_steps(), 1, "written in one call");
     assert_eq!(h.run_state(&run).await, "succeeded", "finished in the call");
 
@@ -424,4 +441,39 @@ async fn postgres_writes_a_common_batch_in_one_call_and_any_other_in_steps() {
     );
     let audit = h.audit().await;
     assert!(audit.is_clean(), "{audit:?}");
+}
+
+/// A job claimed in the one call of a batch from an attempt whose lease
+/// expired is said to be taken over, as a claim alone says it.
+///
+/// Seen failing with migration 0018's function returning every claimed job
+/// as `claimed`: the taken-over job came back as claimed from the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_one_call_says_which_claims_took_a_lease_over() {
+    let Some((h, clock, _run)) = fan_in_on(Backend::Postgres).await else {
+        return;
+    };
+    let pg = PostgresStore::open(&h.url).await.expect("open");
+    let dead = claim(&pg, "dead", clock.now_ms(), 1).await;
+    assert_eq!(stages(&dead), [("a", 1)]);
+    clock.advance(500);
+    let live = claim(&pg, "w", clock.now_ms(), 1).await;
+    assert_eq!(stages(&live), [("b", 1)]);
+    clock.advance(500);
+    let batch = JobBatch {
+        completions: vec![completion(&live[0], "w", clock.now_ms())],
+        claim: Some(JobClaim {
+            worker: "w".into(),
+            now: clock.now_ms(),
+            lease_ms: 1_000,
+            limit: 2,
+            only_job: None,
+            caps: Default::default(),
+        }),
+    };
+    let outcome = pg.job_batch(&batch).await.expect("complete b, claim");
+    assert_eq!(pg.batches_in_steps(), 0, "written in one call");
+    assert_eq!(stages(&outcome.claimed), [("a", 2), ("c", 1)]);
+    assert_eq!(taken_over(&outcome.claimed), [true, false]);
+    assert!(outcome.ending.is_empty(), "the join is still to run");
 }

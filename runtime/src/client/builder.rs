@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Client, Inner, Result};
+use super::{Client, ENDED_BACKLOG, Inner, Result};
 use crate::clock::{Clock, SystemClock};
 use crate::llm::{ModelBackend, StochasticModel};
 use crate::plugin::{HostConfig, PluginHost, Policy};
@@ -75,7 +75,8 @@ impl ClientBuilder {
     }
 
     /// How often [`Client::wait`] and [`Client::watch`] read a run's state
-    /// (200 ms by default).
+    /// (200 ms by default). On PostgreSQL a run's end wakes them at once,
+    /// from any process; on SQLite, only from this client's own worker.
     pub fn poll(mut self, every: Duration) -> Self {
         self.poll = every;
         self
@@ -108,6 +109,8 @@ impl ClientBuilder {
                 limits,
                 poll: self.poll,
                 changed: tokio::sync::watch::Sender::new(0),
+                ended: tokio::sync::broadcast::Sender::new(ENDED_BACKLOG),
+                listening: std::sync::OnceLock::new(),
             }),
         })
     }

@@ -30,7 +30,7 @@ mod error;
 mod watch;
 mod worker;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::clock::Clock;
@@ -102,11 +102,34 @@ struct Inner {
     /// embedded workers' commits and starts, its operations): what wakes
     /// its watches before their next read is due.
     changed: tokio::sync::watch::Sender<u64>,
+    /// The runs other processes may have ended, as the store tells them
+    /// (`None`: any run may have); started with the first watch.
+    ended: tokio::sync::broadcast::Sender<Option<Arc<str>>>,
+    listening: OnceLock<store::Listening>,
 }
+
+/// Ended runs told and not yet seen by a slow watch; one that falls further
+/// behind reads its run again.
+const ENDED_BACKLOG: usize = 1024;
 
 impl Inner {
     fn changed(&self) {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Starts listening for runs other processes end, where the store can
+    /// tell them (PostgreSQL), once per client and inside a tokio runtime.
+    fn listen_ended(&self) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        self.listening.get_or_init(|| {
+            let ended = self.ended.clone();
+            self.store.listen_ended(Box::new(move |run| {
+                // No watch subscribed: nothing to wake.
+                let _ = ended.send(run.map(Arc::from));
+            }))
+        });
     }
 }
 
@@ -460,7 +483,9 @@ impl Client {
     /// has finished. Reads the run every `poll` (see [`ClientBuilder::poll`]),
     /// and at once when this client's own worker ([`Client::worker`]) or
     /// operations change something: in-process, a wait ends as the run's
-    /// last commit returns.
+    /// last commit returns. On PostgreSQL it also reads the run at once
+    /// when any process ends it (`LISTEN`); on SQLite, another process's
+    /// changes are read at the next poll.
     ///
     /// ```no_run
     /// # use ratchet_runtime::client::{Client, ClientError};
@@ -472,8 +497,13 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn watch(&self, run_id: &str) -> RunWatch {
-        let changed = self.inner.changed.subscribe();
-        RunWatch::new(self.inner.store.clone(), run_id, self.inner.poll, changed)
+        let i = &self.inner;
+        let wakes = watch::Wakes {
+            changed: i.changed.subscribe(),
+            ended: i.ended.subscribe(),
+        };
+        i.listen_ended();
+        RunWatch::new(i.store.clone(), run_id, i.poll, wakes)
     }
 
     /// Waits until the run has finished (succeeded, failed or cancelled),

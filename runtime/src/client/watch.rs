@@ -1,9 +1,11 @@
 //! A run's changes as a program sees them: its state and its stages' at
 //! first, then each change, read every `poll` until the run has finished,
 //! and at once when the client's own worker or operations changed
-//! something in this process. Reading is what works on both backends and
-//! across processes; a change shorter than `poll` (a stage that ran and
-//! succeeded in between) shows as its end state.
+//! something in this process, or when the store says another process may
+//! have ended the run (PostgreSQL's `LISTEN`). Reading is what works on
+//! both backends and across processes, and a wake only makes the read
+//! early; a change shorter than `poll` (a stage that ran and succeeded in
+//! between) shows as its end state.
 
 use std::collections::HashMap;
 use std::collections::VecDeque;
@@ -11,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 use super::{ClientError, no_run};
 use crate::store::{JobState, RunState, Store};
@@ -38,13 +40,48 @@ pub struct RunWatch {
     store: Arc<dyn Store>,
     run_id: String,
     poll: Duration,
-    /// Moves when this process changed something through the client.
-    changed: watch::Receiver<u64>,
+    wakes: Wakes,
     run: Option<RunState>,
     stages: HashMap<String, (JobState, i64)>,
     pending: VecDeque<RunChange>,
     read_once: bool,
     finished: bool,
+}
+
+/// What wakes a watch before its next poll.
+pub(super) struct Wakes {
+    /// Moves when this process changed something through the client.
+    pub changed: watch::Receiver<u64>,
+    /// A run another process may have ended, or `None`: any run.
+    pub ended: broadcast::Receiver<Option<Arc<str>>>,
+}
+
+impl Wakes {
+    /// Returns at the next wake for `run`.
+    async fn next(&mut self, run: &str) {
+        let Self { changed, ended } = self;
+        let changed = async {
+            if changed.changed().await.is_err() {
+                // The client is gone: only polls.
+                std::future::pending::<()>().await;
+            }
+        };
+        let ended = async {
+            loop {
+                match ended.recv().await {
+                    Ok(Some(other)) if *other != *run => {}
+                    // The client (and its listener) is gone: only polls.
+                    Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+                    // This run, any run, or more than the backlog.
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => return,
+                }
+            }
+        };
+        tokio::select! {
+            () = changed => {}
+            () = ended => {}
+        }
+    }
 }
 
 impl std::fmt::Debug for RunWatch {
@@ -57,17 +94,12 @@ impl std::fmt::Debug for RunWatch {
 }
 
 impl RunWatch {
-    pub(super) fn new(
-        store: Arc<dyn Store>,
-        run_id: &str,
-        poll: Duration,
-        changed: watch::Receiver<u64>,
-    ) -> Self {
+    pub(super) fn new(store: Arc<dyn Store>, run_id: &str, poll: Duration, wakes: Wakes) -> Self {
         Self {
             store,
             run_id: run_id.to_string(),
             poll,
-            changed,
+            wakes,
             run: None,
             stages: HashMap::new(),
             pending: VecDeque::new(),
@@ -92,15 +124,16 @@ impl RunWatch {
                 return Ok(None);
             }
             if self.read_once {
-                // A change this process made wakes it at once; one made
-                // elsewhere is read within `poll`.
+                // A change this process made, or the run's end told by the
+                // store, wakes it at once; anything else is read within
+                // `poll`.
                 tokio::select! {
                     _ = tokio::time::sleep(self.poll) => {}
-                    _ = self.changed.changed() => {}
+                    () = self.wakes.next(&self.run_id) => {}
                 }
             }
             // Seen before reading: a change after this wakes the next wait.
-            self.changed.borrow_and_update();
+            self.wakes.changed.borrow_and_update();
             self.read().await?;
         }
     }

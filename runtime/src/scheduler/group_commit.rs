@@ -290,6 +290,7 @@ impl<C: CommitBatch> Committer<C> {
                 }
             }
         }
+        crate::metrics::claimed(&outcome.claimed);
         let mut claimed = outcome.claimed.into_iter();
         waiters
             .iter()

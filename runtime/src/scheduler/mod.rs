@@ -125,6 +125,7 @@ impl Scheduler {
                 })
                 .await
                 .inspect_err(|_| self.maybe_orphans.store(true, Ordering::Relaxed))?;
+            crate::metrics::claimed(&more);
             claimed.extend(more);
         }
         if !claimed.is_empty() {

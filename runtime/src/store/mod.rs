@@ -314,6 +314,10 @@ pub async fn open_measured(url: &str) -> Result<Arc<dyn MeasuredStore>> {
     }
 }
 
+/// What [`Queue::listen_ended`] calls: with a run that may have ended, or
+/// with `None` when anything may have.
+pub type RunEnded = Box<dyn Fn(Option<&str>) + Send + Sync>;
+
 /// Listening for ready jobs ([`Queue::listen_ready`]) stops when this is
 /// dropped. A listener that outlived its worker kept its connection, and
 /// its store's pool, open for as long as the process ran.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::types::*;
-use super::{Listening, Result};
+use super::{Listening, Result, RunEnded};
 
 /// Every role at once: the durable state of Ratchet.
 pub trait Store: Catalog + Intake + Queue + Journal + History + Deliveries + 'static {}
@@ -162,6 +162,16 @@ pub trait Queue: Send + Sync {
     /// returned guard is dropped; workers still poll slowly as a safety net.
     fn listen_ready(&self, wake: Arc<tokio::sync::Notify>) -> Listening {
         let _ = wake;
+        Listening::default()
+    }
+    /// Calls `on(Some(run))` whenever a transaction may have ended `run`
+    /// (succeeded, failed or cancelled), and `on(None)` when listening
+    /// starts or restarts (anything may have ended unseen before), for
+    /// backends that can tell other processes' changes (Postgres `LISTEN`),
+    /// until the returned guard is dropped. A hint to read the run again:
+    /// some calls name a run that has not ended.
+    fn listen_ended(&self, on: RunEnded) -> Listening {
+        let _ = on;
         Listening::default()
     }
 }

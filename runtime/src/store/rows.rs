@@ -195,6 +195,7 @@ pub(crate) fn claimed_job(
         attempt: row.int("attempt")?,
         max_attempts: row.int("max_attempts")?,
         lease_expires_at,
+        taken_over: false,
         outputs: json_list("jobs", &row.text("outputs")?)?,
         emits: json_list("jobs", &row.text("emits")?)?,
         lists: match row.opt_text("lists")? {

@@ -45,6 +45,7 @@ impl CommitBatch for Gate {
                 })
                 .collect(),
             claimed: (0..limit).map(|i| claimed(100 + i as i64)).collect(),
+            ending: Vec::new(),
         })
     }
 }

@@ -49,19 +49,20 @@ pub(crate) trait CompletionTx: MapTx {
 /// Commits the outputs of every attempt in `batch` that still holds its
 /// lease, canonical-first, with its success, its outbox rows, its attempt
 /// row and its released dependents; an attempt fenced out changes nothing.
-/// Outcomes come back in the order of `batch`. The caller commits.
+/// Outcomes come back in the order of `batch`, with the runs the batch may
+/// have ended ([`JobBatchOutcome::ending`]). The caller commits.
 pub(crate) async fn complete_many(
     tx: &mut impl CompletionTx,
     batch: &[JobComplete],
-) -> Result<Vec<CompleteOutcome>> {
+) -> Result<(Vec<CompleteOutcome>, Vec<String>)> {
     if batch.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let plan = BatchOrder::of(batch);
     let (fenced, inserted) = tx.fence_and_insert(&plan.keys, &plan.proposals).await?;
     let live = live_of(batch, &plan.order, fenced);
     if live.is_empty() {
-        return Ok(vec![CompleteOutcome::LeaseLost; batch.len()]);
+        return Ok((vec![CompleteOutcome::LeaseLost; batch.len()], Vec::new()));
     }
     let outputs_of = persist_outputs(tx, batch, &live, &plan.proposals, inserted).await?;
     crate::crash::point_per_attempt("after_persist", live.len());
@@ -80,8 +81,16 @@ pub(crate) async fn complete_many(
     if !runs.is_empty() {
         tx.runs_finish_if_done(&runs, now).await?;
     }
+    // A map joined in `advance` may be its run's last stage.
+    let mut ending: Vec<String> = runs.iter().map(|run| run.to_string()).collect();
+    ending.extend(released.mapping.iter().map(|(run, _)| run.clone()));
+    ending.sort_unstable();
+    ending.dedup();
     map::advance(tx, released.mapping, now).await?;
-    Ok(outcomes(batch.len(), &live, outputs_of, released_by))
+    Ok((
+        outcomes(batch.len(), &live, outputs_of, released_by),
+        ending,
+    ))
 }
 
 /// The stored winner of each put, in the order of `puts`: those

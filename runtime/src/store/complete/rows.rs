@@ -400,6 +400,7 @@ mod tests {
             claimed: (0..claimed)
                 .map(|i| ClaimedJob::fixture(i as i64, format!("other{i}")))
                 .collect(),
+            ending: Vec::new(),
         }
     }
 

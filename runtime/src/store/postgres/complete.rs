@@ -41,11 +41,15 @@ pub(super) async fn batch(store: &PostgresStore, b: &JobBatch) -> Result<JobBatc
     // would put the parallel committers' flushes in a row. Best-effort: the
     // batch committed, and an error here must not report it as failed
     // (it would be re-sent, fenced out as lease-lost, and the jobs it
-    // claimed orphaned); idle workers poll as a safety net.
-    if complete::released_unclaimed(b, &outcome)
-        && let Err(e) = notify_ready(&store.pool).await
+    // claimed orphaned); idle workers and waiting clients poll as a safety
+    // net.
+    let ready = complete::released_unclaimed(b, &outcome);
+    if (ready || !outcome.ending.is_empty())
+        && let Err(e) = announce(&store.pool, ready, &outcome.ending).await
     {
-        tracing::warn!("announcing released jobs failed (workers will find them by polling): {e}");
+        tracing::warn!(
+            "announcing released jobs and ended runs failed (workers and waiters will find them by polling): {e}"
+        );
     }
     Ok(outcome)
 }
@@ -56,13 +60,18 @@ async fn in_steps(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutcome
         store.stepped.fetch_add(1, Ordering::Relaxed);
     }
     let mut tx = store.begin_write().await?;
-    let completed = complete::complete_many(&mut Completion(&mut tx), &b.completions).await?;
+    let (completed, ending) =
+        complete::complete_many(&mut Completion(&mut tx), &b.completions).await?;
     let claimed = match &b.claim {
         Some(claim) => jobs::claim_tx(&mut tx, claim).await?,
         None => Vec::new(),
     };
     tx.commit().await?;
-    Ok(JobBatchOutcome { completed, claimed })
+    Ok(JobBatchOutcome {
+        completed,
+        claimed,
+        ending,
+    })
 }
 
 pub(super) struct Completion<'t>(pub &'t mut Tx);
@@ -172,19 +181,23 @@ async fn in_one_call(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutc
         match row.text("kind")?.as_str() {
             "satisfied" => satisfied.push(rows::edge_satisfied(row)?),
             "ready" => ready.push((row.text("run_id")?, row.text("to_stage")?)),
-            "claimed" => {
-                let job = rows::claimed_job(row, row.int("id")?, lease_expires_at)?;
+            kind @ ("claimed" | "taken_over") => {
+                let mut job = rows::claimed_job(row, row.int("id")?, lease_expires_at)?;
+                job.taken_over = kind == "taken_over";
                 claimed.job(job.job_id, job);
             }
             "input" => claimed.input(row.int("id")?, rows::loaded_input(row)?)?,
             kind => return Err(rows::unknown_kind("ratchet_complete_batch", kind)),
         }
     }
-    let (released_by, _) = complete::releases_of(&live, &satisfied, &ready)?;
+    let (released_by, runs) = complete::releases_of(&live, &satisfied, &ready)?;
+    // The runs the function tried to finish (it computes the same set).
+    let ending = runs.iter().map(|run| run.to_string()).collect();
     let completed = complete::outcomes(batch.len(), &live, outputs_of, released_by);
     Ok(JobBatchOutcome {
         completed,
         claimed: claimed.into_jobs(),
+        ending,
     })
 }
 

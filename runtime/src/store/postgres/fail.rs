@@ -172,8 +172,10 @@ pub(super) async fn unfinished_jobs_cancel(
 /// Ends the run, if still running, in `state` (`failed` or `cancelled`),
 /// with a new value of the order shared by claims and completions as its
 /// `failed_seq`, and writes its lifecycle event.
+/// Waiting clients in other processes are told in the transaction: a run
+/// fails or is cancelled rarely, unlike a batch's commit.
 pub(super) async fn run_end(tx: &mut Tx, run_id: &str, state: &str, now: i64) -> Result<()> {
-    sqlx::query(
+    let ended = sqlx::query(
         "UPDATE runs SET state = $3, finished_at = $1, failed_seq = nextval('ratchet_seq')
          WHERE id = $2 AND state = 'running'",
     )
@@ -181,7 +183,11 @@ pub(super) async fn run_end(tx: &mut Tx, run_id: &str, state: &str, now: i64) ->
     .bind(run_id)
     .bind(state)
     .execute(&mut **tx)
-    .await?;
+    .await?
+    .rows_affected();
+    if ended > 0 {
+        announce(&mut **tx, false, &[run_id]).await?;
+    }
     sqlx::query("SELECT ratchet_lifecycle_events($1, $2)")
         .bind(now)
         .bind([run_id])

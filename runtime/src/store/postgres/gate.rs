@@ -13,8 +13,9 @@ pub(super) async fn decide(store: &PostgresStore, d: &GateDecide) -> Result<Gate
         let mut tx = store.begin_write().await?;
         let outcome = gate::decide(&mut complete::Completion(&mut tx), d).await?;
         if outcome == GateOutcome::Decided {
-            // An approval may have released stages: wake listening workers.
-            notify_ready(&mut *tx).await?;
+            // An approval may have released stages (wake listening
+            // workers) or ended the run (wake waiting clients).
+            announce(&mut *tx, true, &[&d.run_id]).await?;
             tx.commit().await?;
         }
         Ok(outcome)

@@ -62,7 +62,8 @@ pub(super) const CLAIM: &str = "WITH expired AS (
                      WHERE e.run_id = c.run_id AND e.to_stage = c.stage AND e.satisfied = 1)
              FROM (SELECT * FROM claimed ORDER BY part, due, id) AS c
          )
-         SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits, lists
+         SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits, lists,
+                part = 0 AS taken_over
          FROM claimed ORDER BY part, due, id";
 
 /// Claims up to `c.limit` jobs in one transaction: expired leases with
@@ -84,7 +85,11 @@ async fn claim_rows(tx: &mut Tx, c: &JobClaim, query: PgQuery<'_>) -> Result<Vec
     let lease_expires_at = c.now + c.lease_ms;
     let rows = query.fetch_all(&mut **tx).await?;
     rows.iter()
-        .map(|row| rows::claimed_job(row, row.try_get("id")?, lease_expires_at))
+        .map(|row| {
+            let mut job = rows::claimed_job(row, row.try_get("id")?, lease_expires_at)?;
+            job.taken_over = row.try_get("taken_over")?;
+            Ok(job)
+        })
         .collect()
 }
 

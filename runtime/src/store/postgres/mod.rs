@@ -54,6 +54,10 @@ const PLANNER_SETTINGS: [(&str, &str); 2] = [
 /// The channel a transaction notifies when it made a job ready.
 const READY_CHANNEL: &str = "ratchet_ready";
 
+/// The channel a transaction notifies, with a run's id, when it may have
+/// ended the run.
+const ENDED_CHANNEL: &str = "ratchet_run_ended";
+
 type Tx = Transaction<'static, Postgres>;
 
 type PgQuery<'q> = sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>;
@@ -117,11 +121,61 @@ impl PostgresStore {
 }
 
 async fn notify_ready<'e>(ex: impl sqlx::Executor<'e, Database = Postgres>) -> Result<()> {
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(READY_CHANNEL)
+    announce(ex, true, &[] as &[&str]).await
+}
+
+/// Notifies [`READY_CHANNEL`] if `ready`, and [`ENDED_CHANNEL`] once for
+/// each run of `ended`, in one statement.
+async fn announce<'e>(
+    ex: impl sqlx::Executor<'e, Database = Postgres>,
+    ready: bool,
+    ended: &[impl AsRef<str>],
+) -> Result<()> {
+    let mut channels = Vec::with_capacity(ended.len() + 1);
+    let mut payloads = Vec::with_capacity(ended.len() + 1);
+    if ready {
+        channels.push(READY_CHANNEL);
+        payloads.push("");
+    }
+    for run in ended {
+        channels.push(ENDED_CHANNEL);
+        payloads.push(run.as_ref());
+    }
+    if channels.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("SELECT pg_notify(c, p) FROM UNNEST($1::TEXT[], $2::TEXT[]) AS n(c, p)")
+        .bind(channels)
+        .bind(payloads)
         .execute(ex)
         .await?;
     Ok(())
+}
+
+/// Calls `on` with each notification's payload on `channel`, and with
+/// `None` whenever listening (re)starts: a notification sent while no one
+/// listened is lost, so everything must be read again.
+fn listen(pool: PgPool, channel: &'static str, on: RunEnded) -> Listening {
+    Listening::task(tokio::spawn(async move {
+        loop {
+            let listened = async {
+                let mut listener = PgListener::connect_with(&pool).await?;
+                listener.listen(channel).await?;
+                on(None);
+                loop {
+                    let notification = listener.recv().await?;
+                    on(Some(notification.payload()));
+                }
+                #[allow(unreachable_code)]
+                Ok::<(), sqlx::Error>(())
+            };
+            if let Err(e) = listened.await {
+                tracing::warn!("LISTEN {channel} failed, reconnecting: {e}");
+            }
+            on(None);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }))
 }
 
 super::impl_store!(PostgresStore {
@@ -138,26 +192,10 @@ super::impl_store!(PostgresStore {
     }
 
     fn listen_ready(&self, wake: Arc<Notify>) -> Listening {
-        let pool = self.pool.clone();
-        Listening::task(tokio::spawn(async move {
-            loop {
-                let listened = async {
-                    let mut listener = PgListener::connect_with(&pool).await?;
-                    listener.listen(READY_CHANNEL).await?;
-                    loop {
-                        listener.recv().await?;
-                        wake.notify_waiters();
-                    }
-                    #[allow(unreachable_code)]
-                    Ok::<(), sqlx::Error>(())
-                };
-                if let Err(e) = listened.await {
-                    tracing::warn!("LISTEN {READY_CHANNEL} failed, reconnecting: {e}");
-                }
-                // Wake everyone so that nothing waits on a lost notification.
-                wake.notify_waiters();
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }))
+        listen(self.pool.clone(), READY_CHANNEL, Box::new(move |_| wake.notify_waiters()))
+    }
+
+    fn listen_ended(&self, on: RunEnded) -> Listening {
+        listen(self.pool.clone(), ENDED_CHANNEL, on)
     }
 });

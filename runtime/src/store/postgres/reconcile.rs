@@ -115,6 +115,9 @@ impl RepairTx for Repairing<'_> {
             .bind(now)
             .fetch_one(&mut **self.0)
             .await?;
+        if finished > 0 {
+            announce(&mut **self.0, false, runs).await?;
+        }
         Ok(u64::try_from(finished).unwrap_or(0))
     }
 

@@ -16,7 +16,8 @@ const ARTIFACT_ROWS_PER_INSERT: usize = 256;
 pub(super) async fn batch(store: &SqliteStore, b: &JobBatch) -> Result<JobBatchOutcome> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin_write(&mut writer).await?;
-    let completed = complete::complete_many(&mut Completion(&mut tx), &b.completions).await?;
+    let (completed, ending) =
+        complete::complete_many(&mut Completion(&mut tx), &b.completions).await?;
     let claimed = match &b.claim {
         Some(claim) => jobs::claim_tx(&mut tx, claim).await?,
         None => Vec::new(),
@@ -25,7 +26,11 @@ pub(super) async fn batch(store: &SqliteStore, b: &JobBatch) -> Result<JobBatchO
     if crate::crash::ack_lost() {
         return Err(StoreError::ack_lost());
     }
-    Ok(JobBatchOutcome { completed, claimed })
+    Ok(JobBatchOutcome {
+        completed,
+        claimed,
+        ending,
+    })
 }
 
 pub(super) struct Completion<'t, 'c>(pub &'t mut Tx<'c>);

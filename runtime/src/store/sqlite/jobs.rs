@@ -98,7 +98,7 @@ fn claim_with(pick: &str) -> String {
          FROM temp.claim_pick p CROSS JOIN jobs j ON j.id = p.id;
 
          SELECT 'job' AS kind, p.n AS claimed, j.id, j.run_id, j.stage, j.plugin_digest,
-                j.attempt, j.max_attempts, j.outputs, j.emits, j.lists
+                j.attempt, j.max_attempts, j.outputs, j.emits, j.lists, p.expired
          FROM temp.claim_pick p CROSS JOIN jobs j ON j.id = p.id
          ORDER BY p.n;
 
@@ -200,10 +200,11 @@ async fn claim_among(
     for row in &rows {
         let n: i64 = row.try_get("claimed")?;
         match row.try_get::<String, _>("kind")?.as_str() {
-            "job" => claimed.job(
-                n,
-                rows::claimed_job(row, row.try_get("id")?, lease_expires_at)?,
-            ),
+            "job" => {
+                let mut job = rows::claimed_job(row, row.try_get("id")?, lease_expires_at)?;
+                job.taken_over = row.try_get::<i64, _>("expired")? == 1;
+                claimed.job(n, job);
+            }
             "input" => claimed.input(n, rows::loaded_input(row)?)?,
             kind => return Err(rows::unknown_kind("jobs", kind)),
         }

@@ -206,6 +206,13 @@ pub struct JobBatchOutcome {
     /// One per completion, in order.
     pub completed: Vec<CompleteOutcome>,
     pub claimed: Vec<ClaimedJob>,
+    /// The runs this batch may have ended: those of its completions that
+    /// left no dependent waiting, and those of a map it released. For
+    /// telling waiters to look again ([`Queue::listen_ended`]); a run named
+    /// here may still be running.
+    ///
+    /// [`Queue::listen_ended`]: crate::store::Queue::listen_ended
+    pub ending: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -217,6 +224,9 @@ pub struct ClaimedJob {
     pub attempt: i64,
     pub max_attempts: i64,
     pub lease_expires_at: i64,
+    /// Claimed from an attempt whose lease expired (its worker died or
+    /// stalled), not from the ready queue.
+    pub taken_over: bool,
     pub outputs: Vec<String>,
     pub emits: Vec<String>,
     /// Output -> the most elements it may hold, for each output a later
@@ -263,6 +273,7 @@ impl ClaimedJob {
             attempt: 1,
             max_attempts: 3,
             lease_expires_at: 0,
+            taken_over: false,
             outputs: Vec::new(),
             emits: Vec::new(),
             lists: BTreeMap::new(),

@@ -13,7 +13,7 @@ use crate::{BadInput, Env, when};
 use ratchet_runtime::client::RunDetail;
 use ratchet_runtime::relay::Sinks;
 use ratchet_runtime::store::{
-    AttemptRow, DeliveryFilter, JobRow, JobState, PluginSummary, RunQuery, RunRow, map,
+    AttemptRow, DeliveryFilter, JobRow, JobState, ModelCall, PluginSummary, RunQuery, RunRow, map,
 };
 use ratchet_runtime::text::escape_controls;
 
@@ -157,6 +157,18 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
         attempts.entry(a.job_id).or_default().push(a);
     }
     let attempts_of = |j: &JobRow| attempts.get(&j.id).map_or(&[][..], Vec::as_slice);
+    // The journal's model calls by stage (a hidden element's under its
+    // mapped stage), and the run's.
+    let mut model: HashMap<String, ModelUse> = HashMap::new();
+    let mut model_total = ModelUse::default();
+    for call in env.client.model_calls(run_id).await? {
+        let stage = match call.stage.rsplit_once('[') {
+            Some((mapped, _)) if !elements && map::is_element(&call.stage) => mapped,
+            _ => call.stage.as_str(),
+        };
+        model.entry(stage.to_string()).or_default().add(&call);
+        model_total.add(&call);
+    }
     let plugins = plugin_names(env).await?;
     let plugin_label = |j: &JobRow| match &j.plugin_digest {
         None => "(approval gate)".to_string(),
@@ -179,14 +191,15 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
                     "plugin": plugin_label(j), "plugin_digest": j.plugin_digest,
                     "gate": j.gate, "artifacts": outputs, "last_error": j.last_error,
                     "map": j.map, "elements": counted(j).map(|(by_state, _)| by_state),
-                    "attempt_log": attempts_of(j),
+                    "model": model.get(&j.stage), "attempt_log": attempts_of(j),
                 })
             })
             .collect();
         let history = env.store.run_events(run_id).await?;
         let deliveries = env.client.deliveries(&run_deliveries(run_id)).await?;
         let doc = serde_json::json!({
-            "run": run, "stages": stages, "history": history, "deliveries": deliveries,
+            "run": run, "stages": stages, "model": model_total, "history": history,
+            "deliveries": deliveries,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(ExitCode::SUCCESS);
@@ -213,6 +226,9 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
         for a in attempts_of(j) {
             println!("{:<14} {}", "", attempt_line(a));
         }
+        if let Some(used) = model.get(&j.stage) {
+            println!("{:<14} model: {used}", "");
+        }
         if let (Some(list), Some((_, states))) = (&j.map, counted(j)) {
             let n = j.map_count.unwrap_or(0);
             println!(
@@ -233,6 +249,9 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
             println!("{:<14} last error: {}", "", escape_controls(e));
         }
     }
+    if model_total.calls > 0 {
+        println!("model, the whole run: {model_total}");
+    }
     for event in env.store.run_events(run_id).await? {
         println!(
             "history: {} ({})",
@@ -250,6 +269,33 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Journaled model calls and the tokens their backends counted.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+struct ModelUse {
+    calls: u64,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+}
+
+impl ModelUse {
+    fn add(&mut self, call: &ModelCall) {
+        self.calls += 1;
+        let usage = call.usage.unwrap_or_default();
+        self.prompt_tokens += u64::from(usage.prompt_tokens);
+        self.completion_tokens += u64::from(usage.completion_tokens);
+    }
+}
+
+impl std::fmt::Display for ModelUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} call(s), {} prompt and {} completion tokens",
+            self.calls, self.prompt_tokens, self.completion_tokens
+        )
+    }
 }
 
 /// One attempt of a stage: its number, outcome and worker, when it started

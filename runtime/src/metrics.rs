@@ -25,6 +25,9 @@ pub const ATTEMPT_SECONDS: &str = "ratchet_attempt_duration_seconds";
 /// Model calls of attempts that ended, by `source`: `fresh` (asked) or
 /// `replayed` (the journaled answer of an earlier attempt).
 pub const MODEL_CALLS: &str = "ratchet_model_calls_total";
+/// Tokens of the fresh model calls of attempts that ended, by `kind`
+/// (`prompt`, `completion`), as their backends counted them.
+pub const MODEL_TOKENS: &str = "ratchet_model_tokens_total";
 /// Jobs claimed from an attempt whose lease had expired (its worker died
 /// or stalled): each is an attempt the store recorded as `lease_expired`.
 pub const TAKEOVERS: &str = "ratchet_lease_takeovers_total";
@@ -64,6 +67,15 @@ pub(crate) fn attempt(plugin: &str, outcome: &AttemptOutcome, took: Duration, r:
     if r.model_calls_replayed > 0 {
         metrics::counter!(MODEL_CALLS, "source" => "replayed")
             .increment(u64::from(r.model_calls_replayed));
+    }
+    let tokens = r.model_tokens;
+    if tokens.prompt_tokens > 0 {
+        metrics::counter!(MODEL_TOKENS, "kind" => "prompt")
+            .increment(u64::from(tokens.prompt_tokens));
+    }
+    if tokens.completion_tokens > 0 {
+        metrics::counter!(MODEL_TOKENS, "kind" => "completion")
+            .increment(u64::from(tokens.completion_tokens));
     }
 }
 
@@ -156,6 +168,10 @@ fn describe() {
     describe_counter!(
         MODEL_CALLS,
         "Model calls of ended attempts, fresh or replayed"
+    );
+    describe_counter!(
+        MODEL_TOKENS,
+        "Tokens of fresh model calls of ended attempts, prompt or completion"
     );
     describe_counter!(TAKEOVERS, "Jobs claimed from attempts whose lease expired");
     describe_histogram!(COMMIT_BATCH, Unit::Count, "Completions per group commit");

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use ratchet_runtime::clock::{ManualClock, SystemClock};
 use ratchet_runtime::digest::sha256_hex;
+use ratchet_runtime::llm::Usage;
 use ratchet_runtime::scheduler::AttemptOutcome;
 use ratchet_runtime::store::{ArtifactPut, ModelCallPut, Payload};
 use ratchet_tests::{Backend, DEMO_PLUGINS, Harness, output, ratchet};
@@ -191,6 +192,11 @@ async fn racing_journal_writes(backend: Backend) {
         rejected: false,
         attempt,
         now: 0,
+        // The attempt's number as its answer's tokens: told apart below.
+        usage: Some(Usage {
+            prompt_tokens: 7,
+            completion_tokens: attempt as u32,
+        }),
     };
     let first = h
         .store
@@ -208,6 +214,11 @@ async fn racing_journal_writes(backend: Backend) {
         "the loser is handed the winner"
     );
     assert_eq!(second.attempt, 1);
+    assert_eq!(
+        second.usage.map(|u| u.completion_tokens),
+        Some(1),
+        "and the winner's tokens"
+    );
 }
 
 async fn different_question_is_fatal(backend: Backend) {

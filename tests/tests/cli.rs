@@ -82,6 +82,23 @@ async fn register_run_work_inspect_and_audit_from_the_command_line() {
         .as_str()
         .expect("digest")
         .to_string();
+    // Model calls and their tokens, by stage and for the run.
+    let total = &status["model"];
+    assert!(total["calls"].as_u64() > Some(0), "{total}");
+    assert!(total["prompt_tokens"].as_u64() > Some(0), "{total}");
+    for field in ["calls", "prompt_tokens", "completion_tokens"] {
+        let of_stages: u64 = stages
+            .iter()
+            .filter_map(|s| s["model"][field].as_u64())
+            .sum();
+        assert_eq!(Some(of_stages), total[field].as_u64(), "{field}");
+    }
+    let shown = stdout(&cli(url, &["status", &run]).await);
+    let line = format!(
+        "model, the whole run: {} call(s), {} prompt and {} completion tokens",
+        total["calls"], total["prompt_tokens"], total["completion_tokens"]
+    );
+    assert!(shown.contains(&line), "{shown}");
 
     let raw = cli(url, &["artifacts", &run, "draft.draft", "--raw"]).await;
     assert_eq!(

@@ -270,6 +270,18 @@ async fn a_crashed_demo_run_shows_its_graph_its_replay_and_canonical_reads() {
         b.attr(call, "data-replayed-to").await.as_deref(),
         Some("#2")
     );
+    let journal = h.store.model_call_list(&run).await.expect("journal");
+    let draft = journal
+        .iter()
+        .find(|c| c.stage == "draft")
+        .expect("draft's");
+    let usage = draft.usage.expect("the built-in backend counts tokens");
+    let tokens = format!("{}+{}", usage.prompt_tokens, usage.completion_tokens);
+    assert_eq!(
+        b.attr(call, "data-tokens").await,
+        Some(tokens),
+        "the call's tokens shown"
+    );
 
     // Every succeeded attempt's read of a stored artifact is marked as the
     // canonical digest, and no read is marked otherwise.

@@ -1,7 +1,8 @@
 //! `/metrics` of a real `ratchet worker --metrics-listen` process after a
 //! known workload (two demo runs, one run whose stage fails fatally, and
 //! the attempts of a worker killed mid-attempt taken over), on both
-//! backends: every counter equals what the store says happened.
+//! backends: every counter equals what the store says happened, model
+//! tokens included.
 //!
 //! Seen failing with every failed attempt labelled `retrying`: the dead
 //! attempt of `always-fatal` was missing from `outcome="dead"`; and with
@@ -107,6 +108,8 @@ async fn counters_match_the_store(backend: Backend) {
     // Model calls journaled by this worker's attempts, and by the dead
     // worker's (this worker's attempts replayed them).
     let (mut fresh, mut replayed) = (0.0, 0.0);
+    // The tokens of this worker's answers, as the journal has them.
+    let (mut prompt, mut completion) = (0.0, 0.0);
     for run in &runs {
         let mut dead_workers = BTreeSet::new();
         for a in h.store.attempt_list(run).await.expect("attempts") {
@@ -127,10 +130,14 @@ async fn counters_match_the_store(backend: Backend) {
             *expected.entry((plugin, outcome.to_string())).or_default() += 1.0;
         }
         for call in h.store.model_call_list(run).await.expect("journal") {
-            match dead_workers.contains(&(call.stage, call.attempt)) {
-                true => replayed += 1.0,
-                false => fresh += 1.0,
+            if dead_workers.contains(&(call.stage, call.attempt)) {
+                replayed += 1.0;
+                continue;
             }
+            fresh += 1.0;
+            let usage = call.usage.expect("the built-in backend counts tokens");
+            prompt += f64::from(usage.prompt_tokens);
+            completion += f64::from(usage.completion_tokens);
         }
     }
     for ((plugin, outcome), n) in &expected {
@@ -159,6 +166,15 @@ async fn counters_match_the_store(backend: Backend) {
     assert_eq!(
         sample(&got, "ratchet_model_calls_total{source=\"replayed\"}"),
         replayed
+    );
+    assert!(prompt > 0.0 && completion > 0.0, "tokens were used");
+    assert_eq!(
+        sample(&got, "ratchet_model_tokens_total{kind=\"prompt\"}"),
+        prompt
+    );
+    assert_eq!(
+        sample(&got, "ratchet_model_tokens_total{kind=\"completion\"}"),
+        completion
     );
     assert!(
         taken_over > 0.0,

@@ -11,7 +11,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use ratchet_runtime::crash::CRASH_EXIT_CODE;
-use ratchet_runtime::llm::{ModelBackend, ModelError, ModelRequest, OpenAiConfig, OpenAiModel};
+use ratchet_runtime::llm::{
+    Answer, ModelBackend, ModelError, ModelRequest, OpenAiConfig, OpenAiModel, Usage,
+};
 use ratchet_tests::{Backend, DEMO_PLUGINS, Harness, output, ratchet};
 use serde_json::{Value, json};
 
@@ -20,7 +22,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
 /// What the server does with the next request.
 #[derive(Debug, Clone)]
 enum Reply {
+    /// Answers with the tokens used: 11 of the prompt, one per word.
     Answer(&'static str),
+    /// Answers without counting tokens, as some servers do.
+    Uncounted(&'static str),
     Status(u16),
     /// Never answers.
     Hang,
@@ -43,15 +48,23 @@ async fn chat(
         .map(str::to_string);
     script.seen.lock().expect("seen").push((auth, body));
     let reply = script.replies.lock().expect("replies").pop_front();
+    let completion = |text: &str| {
+        json!({
+            "id": "chatcmpl-test",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        })
+    };
     match reply.unwrap_or(Reply::Status(503)) {
-        Reply::Answer(text) => (
-            StatusCode::OK,
-            Json(json!({
-                "id": "chatcmpl-test",
-                "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            })),
-        ),
+        Reply::Answer(text) => {
+            let words = text.split_whitespace().count();
+            let mut answer = completion(text);
+            answer["usage"] = json!({
+                "prompt_tokens": 11, "completion_tokens": words, "total_tokens": 11 + words,
+            });
+            (StatusCode::OK, Json(answer))
+        }
+        Reply::Uncounted(text) => (StatusCode::OK, Json(completion(text))),
         Reply::Status(code) => (
             StatusCode::from_u16(code).expect("status"),
             Json(json!({"error": {"message": format!("scripted {code}")}})),
@@ -94,10 +107,24 @@ fn request(prompt: &str) -> ModelRequest {
 
 #[tokio::test]
 async fn a_chat_completion_is_asked_and_answered() {
-    let (url, script) = server(&[Reply::Answer("Ratchet 1.0 ships")]).await;
+    let replies = [
+        Reply::Answer("Ratchet 1.0 ships"),
+        Reply::Uncounted("Ratchet 1.1 ships"),
+    ];
+    let (url, script) = server(&replies).await;
     let model = client(&url, Duration::from_secs(30));
     let answer = model.generate(&request("Write a headline")).await;
-    assert_eq!(answer, Ok("Ratchet 1.0 ships".to_string()));
+    let usage = Usage {
+        prompt_tokens: 11,
+        completion_tokens: 3,
+    };
+    let counted = Answer {
+        text: "Ratchet 1.0 ships".into(),
+        usage: Some(usage),
+    };
+    assert_eq!(answer, Ok(counted));
+    let answer = model.generate(&request("Write another")).await;
+    assert_eq!(answer, Ok(Answer::text("Ratchet 1.1 ships")));
     let seen = script.seen.lock().expect("seen");
     let (auth, body) = &seen[0];
     assert_eq!(auth.as_deref(), Some("Bearer sk-test"));
@@ -192,6 +219,13 @@ async fn answers_are_journaled_so_a_retry_never_asks_again() {
         .expect("draft");
     assert_eq!(draft.bytes, b"the first answer");
     assert_eq!(script.seen.lock().expect("seen").len(), 1, "asked once");
+    let journal = h.store.model_call_list(&run).await.expect("journal");
+    let usage = journal[0].usage.expect("the server counted tokens");
+    assert_eq!(
+        (usage.prompt_tokens, usage.completion_tokens),
+        (11, 3),
+        "the server's count, journaled with its answer"
+    );
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use async_trait::async_trait;
 use ratchet_runtime::clock::SystemClock;
-use ratchet_runtime::llm::{ModelBackend, ModelError, ModelRequest, StochasticModel};
+use ratchet_runtime::llm::{Answer, ModelBackend, ModelError, ModelRequest, StochasticModel};
 use ratchet_runtime::operator::{self, Retried};
 use ratchet_runtime::plugin::HostConfig;
 use ratchet_runtime::registry::RegistryError;
@@ -171,7 +171,7 @@ impl ModelBackend for Counting {
     fn name(&self) -> String {
         "counting".into()
     }
-    async fn generate(&self, request: &ModelRequest) -> Result<String, ModelError> {
+    async fn generate(&self, request: &ModelRequest) -> Result<Answer, ModelError> {
         self.0.fetch_add(1, Ordering::SeqCst);
         StochasticModel.generate(request).await
     }

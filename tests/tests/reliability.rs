@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ratchet_runtime::clock::{Clock, ManualClock, SystemClock};
-use ratchet_runtime::llm::{ModelBackend, ModelError, ModelRequest};
+use ratchet_runtime::llm::{Answer, ModelBackend, ModelError, ModelRequest};
 use ratchet_runtime::plugin::{ExecError, HostConfig};
 use ratchet_runtime::scheduler::{AttemptOutcome, Scheduler, SchedulerConfig};
 use ratchet_runtime::store::{JobState, RUN_FAILED_IN_FLIGHT};
@@ -300,11 +300,11 @@ impl ModelBackend for Scripted {
     fn name(&self) -> String {
         "scripted".into()
     }
-    async fn generate(&self, _request: &ModelRequest) -> Result<String, ModelError> {
+    async fn generate(&self, _request: &ModelRequest) -> Result<Answer, ModelError> {
         if self.asked.fetch_add(1, Ordering::SeqCst) < self.refusals {
             return Err(ModelError::Rejected("no:\0quota".into()));
         }
-        Ok(self.answer.to_string())
+        Ok(Answer::text(self.answer))
     }
 }
 

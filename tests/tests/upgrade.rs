@@ -45,6 +45,7 @@ async fn journaled_meanwhile(backend: Backend) {
             rejected: false,
             attempt: 1,
             now: 0,
+            usage: None,
         })
         .await
         .expect("journal");

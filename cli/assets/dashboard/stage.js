@@ -150,7 +150,12 @@ function journal(calls, attempts) {
         .map((a) => `#${a.attempt}`);
       return el(
         "li",
-        { "data-call": call.index, "data-asked-by": call.attempt, "data-replayed-to": replayed.join(" ") },
+        {
+          "data-call": call.index,
+          "data-asked-by": call.attempt,
+          "data-replayed-to": replayed.join(" "),
+          "data-tokens": call.usage ? `${call.usage.prompt_tokens}+${call.usage.completion_tokens}` : "",
+        },
         el(
           "div",
           {},
@@ -158,6 +163,7 @@ function journal(calls, attempts) {
           " · request ",
           digest(call.request_digest),
           ` · asked by attempt #${call.attempt}`,
+          call.usage ? ` · ${call.usage.prompt_tokens} + ${call.usage.completion_tokens} tokens` : null,
           replayed.length ? el("span", { class: "replayed" }, ` · replayed to attempt ${replayed.join(", ")}`) : null,
           call.rejected ? el("span", { class: "error" }, " · refused by the backend") : null,
         ),

@@ -25,11 +25,61 @@ pub enum ModelError {
     Rejected(String),
 }
 
+/// A backend's answer: its text, and the tokens it counted when it says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub text: String,
+    pub usage: Option<Usage>,
+}
+
+impl Answer {
+    /// An answer whose backend counts no tokens.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            text: text.into(),
+            usage: None,
+        }
+    }
+}
+
+/// Tokens a model call used, as its backend counted them.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    utoipa::ToSchema,
+)]
+pub struct Usage {
+    /// Of the request.
+    pub prompt_tokens: u32,
+    /// Of the answer.
+    pub completion_tokens: u32,
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, other: Self) {
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
+    }
+}
+
 #[async_trait]
 pub trait ModelBackend: Send + Sync + 'static {
     /// A short name recorded in logs (`stochastic`, `openai:gpt-4o`).
     fn name(&self) -> String;
-    async fn generate(&self, request: &ModelRequest) -> Result<String, ModelError>;
+    async fn generate(&self, request: &ModelRequest) -> Result<Answer, ModelError>;
+}
+
+/// Words, as the built-in backend counts its tokens.
+fn words(text: &str) -> u32 {
+    u32::try_from(text.split_whitespace().count()).unwrap_or(u32::MAX)
 }
 
 /// Answers with random text: the embedded default, and the reason retries
@@ -69,7 +119,9 @@ impl ModelBackend for StochasticModel {
         "stochastic".to_string()
     }
 
-    async fn generate(&self, request: &ModelRequest) -> Result<String, ModelError> {
+    /// Counts a word as a token, so that the demo and the tests have
+    /// usage to record without a tokenizer.
+    async fn generate(&self, request: &ModelRequest) -> Result<Answer, ModelError> {
         let mut rng = rand::rng();
         let topic = request
             .prompt
@@ -90,6 +142,13 @@ impl ModelBackend for StochasticModel {
             let words: Vec<&str> = text.split_whitespace().take(max as usize).collect();
             text = words.join(" ");
         }
-        Ok(text)
+        let usage = Usage {
+            prompt_tokens: words(&request.prompt),
+            completion_tokens: words(&text),
+        };
+        Ok(Answer {
+            text,
+            usage: Some(usage),
+        })
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::{ModelBackend, ModelError, ModelRequest};
+use super::{Answer, ModelBackend, ModelError, ModelRequest, Usage};
 
 /// Where and how to reach the model.
 #[derive(Debug, Clone)]
@@ -52,6 +52,9 @@ struct Message<'a> {
 #[derive(Deserialize)]
 struct ChatResponse {
     choices: Vec<Choice>,
+    /// Servers that count tokens say so (`total_tokens` too); some do
+    /// not.
+    usage: Option<Usage>,
 }
 
 #[derive(Deserialize)]
@@ -97,7 +100,7 @@ impl ModelBackend for OpenAiModel {
         format!("openai:{}", self.config.model)
     }
 
-    async fn generate(&self, request: &ModelRequest) -> Result<String, ModelError> {
+    async fn generate(&self, request: &ModelRequest) -> Result<Answer, ModelError> {
         let body = ChatRequest {
             model: &self.config.model,
             messages: [Message {
@@ -139,11 +142,15 @@ impl ModelBackend for OpenAiModel {
         let parsed: ChatResponse = serde_json::from_str(&text).map_err(|e| {
             ModelError::Unavailable(format!("the answer is not a chat completion: {e}"))
         })?;
-        parsed
+        let text = parsed
             .choices
             .into_iter()
             .next()
             .and_then(|c| c.message.content)
-            .ok_or_else(|| ModelError::Unavailable("the answer has no message content".into()))
+            .ok_or_else(|| ModelError::Unavailable("the answer has no message content".into()))?;
+        Ok(Answer {
+            text,
+            usage: parsed.usage,
+        })
     }
 }

@@ -21,7 +21,7 @@ use wasmtime_wasi::WasiCtx;
 
 use crate::clock::Clock;
 use crate::digest::sha256_hex;
-use crate::llm::ModelBackend;
+use crate::llm::{ModelBackend, Usage};
 use crate::lock;
 use crate::manifest::{ManifestError, PluginManifest};
 use crate::store::{Catalog, Store, StoreError};
@@ -166,6 +166,9 @@ pub struct ExecReport {
     pub plugin: String,
     pub model_calls_replayed: u32,
     pub model_calls_fresh: u32,
+    /// The tokens of the fresh calls' answers, as their backend counted
+    /// them (replayed answers cost nothing again).
+    pub model_tokens: Usage,
     /// `log` calls dropped because the attempt was not granted `log`.
     pub log_lines_dropped: u32,
 }

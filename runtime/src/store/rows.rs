@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::llm::Usage;
 
 /// Typed column access. Integers are 64-bit and flags are stored as
 /// integers in both schemas.
@@ -262,7 +263,21 @@ pub(crate) fn model_call(row: &impl RowExt) -> Result<ModelCall> {
             .map_err(|e| corrupt("model_calls", format!("an answer that is not UTF-8: {e}")))?,
         rejected: row.int("rejected")? != 0,
         attempt: row.int("attempt")?,
+        usage: match (
+            row.opt_int("prompt_tokens")?,
+            row.opt_int("completion_tokens")?,
+        ) {
+            (Some(prompt), Some(completion)) => Some(Usage {
+                prompt_tokens: token_count(prompt)?,
+                completion_tokens: token_count(completion)?,
+            }),
+            _ => None,
+        },
     })
+}
+
+fn token_count(n: i64) -> Result<u32> {
+    u32::try_from(n).map_err(|_| corrupt("model_calls", format!("a token count of {n}")))
 }
 
 pub(crate) fn attempt_row(row: &impl RowExt) -> Result<AttemptRow> {

@@ -7,7 +7,7 @@ use super::super::ratchet::stage::model::{Host, ModelError, Request};
 use super::super::{ExecReport, HostState, Invocation};
 use super::{HostFailure, Services};
 use crate::digest::sha256_hex;
-use crate::llm::{ModelError as BackendError, ModelRequest};
+use crate::llm::{ModelError as BackendError, ModelRequest, Usage};
 use crate::store::{ModelCall, ModelCallPut, StoreError};
 
 /// The `model` capability of one attempt.
@@ -17,6 +17,7 @@ pub(super) struct ModelCapability {
     next_call: i64,
     replayed: u32,
     fresh: u32,
+    tokens: Usage,
 }
 
 /// A call the plugin gets an error for, and whether it also fails the
@@ -50,12 +51,14 @@ impl ModelCapability {
             next_call: 0,
             replayed: 0,
             fresh: 0,
+            tokens: Usage::default(),
         }
     }
 
     pub fn report(&self, report: &mut ExecReport) {
         report.model_calls_replayed = self.replayed;
         report.model_calls_fresh = self.fresh;
+        report.model_tokens = self.tokens;
     }
 
     /// The answer to the attempt's next model call.
@@ -87,6 +90,7 @@ impl ModelCapability {
         };
         if answer.attempt == inv.attempt {
             self.fresh += 1;
+            self.tokens += answer.usage.unwrap_or_default();
         } else {
             self.replayed += 1;
         }
@@ -121,15 +125,15 @@ async fn ask_and_journal(
     // A refusal is journaled like an answer: it used this call index, and a
     // retry must meet it there, or its later calls would no longer line up
     // with the journal.
-    let (response, rejected) = match services.model.generate(request).await {
-        Ok(text) => (text, false),
+    let (response, rejected, usage) = match services.model.generate(request).await {
+        Ok(answer) => (answer.text, false, answer.usage),
         Err(BackendError::Unavailable(m)) => {
             return Err(Refusal::failing(
                 ModelError::Unavailable(m.clone()),
                 HostFailure::Model(m),
             ));
         }
-        Err(BackendError::Rejected(m)) => (m, true),
+        Err(BackendError::Rejected(m)) => (m, true, None),
     };
     let put = ModelCallPut {
         run_id: inv.run_id.clone(),
@@ -140,6 +144,7 @@ async fn ask_and_journal(
         rejected,
         attempt: inv.attempt,
         now: services.clock.now_ms(),
+        usage,
     };
     services
         .journal
@@ -193,7 +198,7 @@ mod tests {
 
     use super::*;
     use crate::clock::ManualClock;
-    use crate::llm::ModelBackend;
+    use crate::llm::{Answer, ModelBackend};
     use crate::store::{self, Journal};
 
     /// One stage's journal in memory, canonical-first like the store's.
@@ -225,6 +230,7 @@ mod tests {
                 response: m.response,
                 rejected: m.rejected,
                 attempt: m.attempt,
+                usage: m.usage,
             });
             Ok(stored.clone())
         }
@@ -250,11 +256,9 @@ mod tests {
             "counting".into()
         }
 
-        async fn generate(&self, _: &ModelRequest) -> Result<String, BackendError> {
-            Ok(format!(
-                "answer {}",
-                self.0.fetch_add(1, Ordering::SeqCst) + 1
-            ))
+        async fn generate(&self, _: &ModelRequest) -> Result<Answer, BackendError> {
+            let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+            Ok(Answer::text(format!("answer {n}")))
         }
     }
 

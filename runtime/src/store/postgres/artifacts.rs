@@ -119,8 +119,8 @@ impl ModelCallTx for Canonical<'_> {
     async fn model_call_insert(&mut self, m: &ModelCallPut) -> Result<()> {
         sqlx::query(
             "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, rejected,
-                                         attempt, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                                         attempt, created_at, prompt_tokens, completion_tokens)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
              ON CONFLICT (run_id, stage, call_index) DO NOTHING",
         )
         .bind(&m.run_id)
@@ -131,6 +131,8 @@ impl ModelCallTx for Canonical<'_> {
         .bind(i64::from(m.rejected))
         .bind(m.attempt)
         .bind(m.now)
+        .bind(m.usage.map(|u| i64::from(u.prompt_tokens)))
+        .bind(m.usage.map(|u| i64::from(u.completion_tokens)))
         .execute(&mut *self.0)
         .await?;
         Ok(())

@@ -133,8 +133,8 @@ impl ModelCallTx for Canonical<'_> {
     async fn model_call_insert(&mut self, m: &ModelCallPut) -> Result<()> {
         sqlx::query(
             "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, rejected,
-                                         attempt, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                                         attempt, created_at, prompt_tokens, completion_tokens)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (run_id, stage, call_index) DO NOTHING",
         )
         .bind(&m.run_id)
@@ -145,6 +145,8 @@ impl ModelCallTx for Canonical<'_> {
         .bind(i64::from(m.rejected))
         .bind(m.attempt)
         .bind(m.now)
+        .bind(m.usage.map(|u| i64::from(u.prompt_tokens)))
+        .bind(m.usage.map(|u| i64::from(u.completion_tokens)))
         .execute(&mut *self.0)
         .await?;
         Ok(())

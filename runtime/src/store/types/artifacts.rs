@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::Payload;
+use crate::llm::Usage;
 
 #[derive(Debug, Clone)]
 pub struct LoadedInput {
@@ -65,6 +66,8 @@ pub struct ModelCallPut {
     pub rejected: bool,
     pub attempt: i64,
     pub now: i64,
+    /// The tokens the backend counted for this answer, if it said.
+    pub usage: Option<Usage>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -79,4 +82,6 @@ pub struct ModelCall {
     pub rejected: bool,
     /// The attempt whose answer this is.
     pub attempt: i64,
+    /// The tokens the backend counted for this answer, if it said.
+    pub usage: Option<Usage>,
 }

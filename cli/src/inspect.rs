@@ -1,7 +1,7 @@
 //! Read-only commands: `plugin list`, `status`, `artifacts`, `audit`.
-//! What the client offers (a run, its attempts, artifacts and deliveries,
-//! the plugins) is read through it, as the HTTP API reads it; a run's
-//! history and the audit read the store.
+//! What the client offers (a run, its attempts, artifacts, model calls,
+//! history and deliveries, the plugins) is read through it, as the HTTP
+//! API reads it; the audit reads the store.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -195,7 +195,7 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
                 })
             })
             .collect();
-        let history = env.store.run_events(run_id).await?;
+        let history = env.client.history(run_id).await?;
         let deliveries = env.client.deliveries(&run_deliveries(run_id)).await?;
         let doc = serde_json::json!({
             "run": run, "stages": stages, "model": model_total, "history": history,
@@ -252,7 +252,7 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
     if model_total.calls > 0 {
         println!("model, the whole run: {model_total}");
     }
-    for event in env.store.run_events(run_id).await? {
+    for event in env.client.history(run_id).await? {
         println!(
             "history: {} ({})",
             escape_controls(&event.detail),

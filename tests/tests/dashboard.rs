@@ -413,7 +413,9 @@ async fn approving_a_gate_by_clicking_finishes_the_run_without_a_reload() {
 
 /// A run of 1,000 stages (ten layers of 100, each stage after one of the
 /// layer before) loads, draws every stage in ten columns, and counts
-/// them: 100 ready, 900 blocked.
+/// them: 100 ready, 900 blocked. Then it is cancelled from the page.
+/// Seen failing with the run's history not drawn: the wait for its cancel
+/// timed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_stage_run_loads_with_its_counts() {
     let Some(driver) = chromedriver() else {
@@ -454,6 +456,16 @@ async fn a_thousand_stage_run_loads_with_its_counts() {
         "the graph is {width}×{height}"
     );
     b.screenshot("thousand-stage-run").await;
+
+    // Cancelled by clicking (and confirming): the page shows the run
+    // cancelled and the cancel in its history.
+    b.click("button[data-action='cancel']").await;
+    b.click("#confirm[open] [data-answer='yes']").await;
+    b.wait("[data-run-state='cancelled']").await;
+    let entry = b.wait(".run-head .history li[data-kind='cancel']").await;
+    let entry = entry.text().await.expect("the history's entry");
+    assert!(entry.contains("dashboard"), "{entry}");
+    assert_eq!(h.run_state(&run).await, "cancelled");
     b.close().await;
 }
 

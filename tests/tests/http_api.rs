@@ -243,6 +243,24 @@ async fn api_end_to_end(backend: Backend) {
     assert_eq!(metrics.status(), StatusCode::OK);
     let text = metrics.text().await.expect("text");
     assert!(text.contains("ratchet_jobs{state=\"ready\"} 5"), "{text}");
+
+    // A cancel through the API is the run's history, as `status` shows it.
+    let cancel = api.post(&format!("/runs/{run}/cancel"));
+    let cancel = cancel.json(&json!({"reason": "wrong input", "by": "ana"}));
+    assert_eq!(cancel.send().await.expect("POST").status(), StatusCode::OK);
+    let history = api.get(&format!("/runs/{run}/history"));
+    let (status, history) = json_of(history.send().await.expect("GET")).await;
+    assert_eq!(status, StatusCode::OK);
+    let entries = history.as_array().expect("entries");
+    assert_eq!(entries.len(), 1, "{history}");
+    assert_eq!(entries[0]["kind"], "cancel");
+    assert!(
+        entries[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("ana"))
+    );
+    let (status, _) = problem(api.get("/runs/nope/history").send().await.expect("GET")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
 /// One Server-Sent Event: its name, id and JSON data.

@@ -44,17 +44,18 @@ export function runPage(main, runId, app) {
       life.plugins = null;
       throw e;
     });
-    const [detail, attempts, artifacts, calls, graph, deliveries, plugins] = await Promise.all([
+    const [detail, attempts, artifacts, calls, graph, history, deliveries, plugins] = await Promise.all([
       get(path.run(runId)),
       sub("attempts"),
       sub("artifacts"),
       sub("model-calls"),
       sub("graph"),
+      sub("history"),
       get(`/deliveries?${new URLSearchParams({ run: runId })}`),
       life.plugins,
     ]);
     const { stages, ...run } = detail;
-    return { run, stages, attempts, artifacts, calls, graph, deliveries, plugins };
+    return { run, stages, attempts, artifacts, calls, graph, history, deliveries, plugins };
   }
 
   /** Reads the run again; changes that arrive meanwhile read it once more after. */
@@ -186,7 +187,7 @@ function firstLook(stages) {
 }
 
 function header(d, ctx) {
-  const { run, stages } = d;
+  const { run, stages, history } = d;
   const by = {};
   for (const s of stages) by[s.state] = (by[s.state] ?? 0) + 1;
   const elements = stages.filter((s) => /\[\d+\]$/.test(s.stage)).length;
@@ -245,6 +246,13 @@ function header(d, ctx) {
       ),
       counts,
     ),
+    history.length
+      ? el(
+          "ol",
+          { class: "history", "aria-label": "What operators did to the run" },
+          history.map((e) => el("li", { "data-kind": e.kind }, time(e.at), " ", e.detail)),
+        )
+      : null,
   );
 }
 

@@ -92,6 +92,7 @@ pub fn router(client: Client, token: Option<&str>) -> Result<axum::Router> {
         .routes(routes!(runs::artifacts))
         .routes(routes!(runs::artifact))
         .routes(routes!(runs::model_calls))
+        .routes(routes!(runs::history))
         .routes(routes!(events::stream))
         .routes(routes!(runs::cancel))
         .routes(routes!(runs::retry))

@@ -11,7 +11,8 @@ use base64::Engine;
 use ratchet_runtime::client::{RunDetail, RunPage, Submitted};
 use ratchet_runtime::manifest::Pipeline;
 use ratchet_runtime::store::{
-    ArtifactMeta, AttemptRow, Decision, ModelCall, Retried, RunGraph, RunQuery, RunState, Verdict,
+    ArtifactMeta, AttemptRow, Decision, ModelCall, Retried, RunEvent, RunGraph, RunQuery, RunState,
+    Verdict,
 };
 use serde::{Deserialize, Serialize};
 
@@ -253,6 +254,18 @@ pub async fn model_calls(
     Path(run): Path<String>,
 ) -> Result<Json<Vec<ModelCall>>, Problem> {
     Ok(Json(api.client.model_calls(&run).await?))
+}
+
+/// The run's history: the operators' changes to it (upgrades, cancels,
+/// retries), oldest first.
+#[utoipa::path(get, path = "/runs/{run}/history", tag = "runs",
+    params(("run" = String, Path, description = "The run's id")),
+    responses(
+        (status = 200, description = "The history", body = Vec<RunEvent>),
+        (status = 404, description = "No such run", body = Problem, content_type = PROBLEM_JSON),
+    ))]
+pub async fn history(api: Shared, Path(run): Path<String>) -> Result<Json<Vec<RunEvent>>, Problem> {
+    Ok(Json(api.client.history(&run).await?))
 }
 
 /// Who an operator's request names, or `api`.

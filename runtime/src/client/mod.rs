@@ -41,8 +41,8 @@ use crate::registry::{self, Registered, RegistryError};
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::store::{
     self, Artifact, ArtifactMeta, AttemptRow, CallerTransaction, Decision, DeliveryFilter,
-    DeliveryRow, JobRow, ModelCall, PluginCap, PluginSummary, Retried, RunGraph, RunQuery, RunRow,
-    RunSubmitOutcome, SqliteStore, Store, Verdict,
+    DeliveryRow, JobRow, ModelCall, PluginCap, PluginSummary, Retried, RunEvent, RunGraph,
+    RunQuery, RunRow, RunSubmitOutcome, SqliteStore, Store, Verdict,
 };
 
 pub use builder::ClientBuilder;
@@ -393,6 +393,13 @@ impl Client {
     pub async fn model_calls(&self, run_id: &str) -> Result<Vec<ModelCall>> {
         self.run_row(run_id).await?;
         Ok(self.inner.store.model_call_list(run_id).await?)
+    }
+
+    /// The run's history: the operators' changes to it (upgrades,
+    /// cancels, retries), oldest first.
+    pub async fn history(&self, run_id: &str) -> Result<Vec<RunEvent>> {
+        self.run_row(run_id).await?;
+        Ok(self.inner.store.run_events(run_id).await?)
     }
 
     /// The outbox's deliveries to sinks.

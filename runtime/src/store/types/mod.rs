@@ -532,13 +532,16 @@ pub enum RepinOutcome {
     Gate,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// One entry of a run's history: an operator's change to it (`kind`
+/// `upgrade`: a stage repinned to another version; `cancel`; `retry`).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct RunEvent {
     pub run_id: String,
     pub stage: Option<String>,
     pub kind: String,
     pub detail: String,
     #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
+    #[schema(value_type = String, format = DateTime)]
     pub at: i64,
 }
 

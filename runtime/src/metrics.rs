@@ -60,22 +60,16 @@ pub(crate) fn attempt(plugin: &str, outcome: &AttemptOutcome, took: Duration, r:
     metrics::counter!(ATTEMPTS, "plugin" => plugin.clone(), "outcome" => outcome).increment(1);
     metrics::histogram!(ATTEMPT_SECONDS, "plugin" => plugin, "outcome" => outcome)
         .record(took.as_secs_f64());
-    if r.model_calls_fresh > 0 {
-        metrics::counter!(MODEL_CALLS, "source" => "fresh")
-            .increment(u64::from(r.model_calls_fresh));
-    }
-    if r.model_calls_replayed > 0 {
-        metrics::counter!(MODEL_CALLS, "source" => "replayed")
-            .increment(u64::from(r.model_calls_replayed));
-    }
     let tokens = r.model_tokens;
-    if tokens.prompt_tokens > 0 {
-        metrics::counter!(MODEL_TOKENS, "kind" => "prompt")
-            .increment(u64::from(tokens.prompt_tokens));
-    }
-    if tokens.completion_tokens > 0 {
-        metrics::counter!(MODEL_TOKENS, "kind" => "completion")
-            .increment(u64::from(tokens.completion_tokens));
+    for (name, label, value, n) in [
+        (MODEL_CALLS, "source", "fresh", r.model_calls_fresh),
+        (MODEL_CALLS, "source", "replayed", r.model_calls_replayed),
+        (MODEL_TOKENS, "kind", "prompt", tokens.prompt_tokens),
+        (MODEL_TOKENS, "kind", "completion", tokens.completion_tokens),
+    ] {
+        if n > 0 {
+            metrics::counter!(name, label => value).increment(u64::from(n));
+        }
     }
 }
 

@@ -10,7 +10,7 @@ pub mod serve;
 mod store_fixtures;
 
 pub use old_schema::{database_at_version, finish_live_run, sqlite_at_version};
-pub use store_fixtures::{claim, completion, put_stand_in_plugin, stages};
+pub use store_fixtures::{claim, completion, job_claim, put_stand_in_plugin, stages};
 
 use std::path::PathBuf;
 use std::process::Output;

@@ -33,19 +33,22 @@ pub fn completion(job: &ClaimedJob, worker: &str, now: i64) -> JobComplete {
     }
 }
 
+/// A claim of up to `limit` jobs for `worker` with a one-second lease.
+pub fn job_claim(worker: &str, now: i64, limit: usize) -> JobClaim {
+    JobClaim {
+        worker: worker.into(),
+        now,
+        lease_ms: 1_000,
+        limit,
+        only_job: None,
+        caps: Default::default(),
+    }
+}
+
 /// Claims up to `limit` jobs for `worker` with a one-second lease.
 pub async fn claim(store: &dyn Store, worker: &str, now: i64, limit: usize) -> Vec<ClaimedJob> {
-    store
-        .job_claim(JobClaim {
-            worker: worker.into(),
-            now,
-            lease_ms: 1_000,
-            limit,
-            only_job: None,
-            caps: Default::default(),
-        })
-        .await
-        .expect("claim")
+    let claim = job_claim(worker, now, limit);
+    store.job_claim(claim).await.expect("claim")
 }
 
 /// `(stage, attempt)` of each job.

@@ -36,9 +36,14 @@ ratchet_tests::backend_tests! {
 }
 
 async fn client_for(h: &Harness) -> Client {
+    polling(h, Duration::from_millis(20)).await
+}
+
+/// A client whose waits read the run every `every`.
+async fn polling(h: &Harness, every: Duration) -> Client {
     Client::builder(h.url.clone())
         .cache_dir(shared_component_cache())
-        .poll(Duration::from_millis(20))
+        .poll(every)
         .open()
         .await
         .expect("open the client")
@@ -108,12 +113,7 @@ async fn woken_in_process(backend: Backend) {
         return;
     };
     h.register(&["noop", "pass"]).await;
-    let client = Client::builder(h.url.clone())
-        .cache_dir(shared_component_cache())
-        .poll(Duration::from_secs(3600))
-        .open()
-        .await
-        .expect("open the client");
+    let client = polling(&h, Duration::from_secs(3600)).await;
     let worker = client.worker("in-process", WorkerOptions::default());
     let pipeline = two_stages();
     let run = client.submit(&pipeline, Vec::new(), None).await;
@@ -155,12 +155,7 @@ async fn a_wait_is_woken_by_another_process_on_postgres() {
         return;
     };
     h.register(&["noop", "pass"]).await;
-    let waiter = Client::builder(h.url.clone())
-        .cache_dir(shared_component_cache())
-        .poll(Duration::from_secs(3600))
-        .open()
-        .await
-        .expect("open the client");
+    let waiter = polling(&h, Duration::from_secs(3600)).await;
     let pipeline = two_stages();
 
     let run = waiter.submit(&pipeline, Vec::new(), None).await;

@@ -159,23 +159,18 @@ async fn counters_match_the_store(backend: Backend) {
         "no attempt counted twice"
     );
     assert!(expected.contains_key(&("always-fatal".into(), "dead".into())));
-    assert_eq!(
-        sample(&got, "ratchet_model_calls_total{source=\"fresh\"}"),
-        fresh
-    );
-    assert_eq!(
-        sample(&got, "ratchet_model_calls_total{source=\"replayed\"}"),
-        replayed
-    );
     assert!(prompt > 0.0 && completion > 0.0, "tokens were used");
-    assert_eq!(
-        sample(&got, "ratchet_model_tokens_total{kind=\"prompt\"}"),
-        prompt
-    );
-    assert_eq!(
-        sample(&got, "ratchet_model_tokens_total{kind=\"completion\"}"),
-        completion
-    );
+    for (key, journaled) in [
+        ("ratchet_model_calls_total{source=\"fresh\"}", fresh),
+        ("ratchet_model_calls_total{source=\"replayed\"}", replayed),
+        ("ratchet_model_tokens_total{kind=\"prompt\"}", prompt),
+        (
+            "ratchet_model_tokens_total{kind=\"completion\"}",
+            completion,
+        ),
+    ] {
+        assert_eq!(sample(&got, key), journaled, "{key}");
+    }
     assert!(
         taken_over > 0.0,
         "the dead worker's attempts were taken over"

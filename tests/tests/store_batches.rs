@@ -31,7 +31,7 @@ use ratchet_runtime::store::{
     ClaimedJob, CompleteOutcome, EdgeKind, History, JobBatch, JobClaim, JobState, NewEdge, NewJob,
     PostgresStore, Queue, RUN_INPUT_STAGE, RunSubmit, StageWork,
 };
-use ratchet_tests::{Backend, Harness, claim, completion, stages};
+use ratchet_tests::{Backend, Harness, claim, completion, job_claim, stages};
 
 ratchet_tests::backend_tests! {
     a_batched_claim_takes_expired_leases_first_then_the_oldest_ready_jobs => claim_order;
@@ -387,14 +387,7 @@ async fn postgres_writes_a_common_batch_in_one_call_and_any_other_in_steps() {
             completion(&roots[1], "w", clock.now_ms()),
             completion(&roots[2], "w", clock.now_ms()),
         ],
-        claim: Some(JobClaim {
-            worker: "w".into(),
-            now: clock.now_ms(),
-            lease_ms: 1_000,
-            limit: 1,
-            only_job: None,
-            caps: Default::default(),
-        }),
+        claim: Some(job_claim("w", clock.now_ms(), 1)),
     };
     let outcome = pg.job_batch(&both).await.expect("complete b and c");
     assert_eq!(pg.batches_in_steps(), 1, "written in one call");
@@ -462,14 +455,7 @@ async fn postgres_one_call_says_which_claims_took_a_lease_over() {
     clock.advance(500);
     let batch = JobBatch {
         completions: vec![completion(&live[0], "w", clock.now_ms())],
-        claim: Some(JobClaim {
-            worker: "w".into(),
-            now: clock.now_ms(),
-            lease_ms: 1_000,
-            limit: 2,
-            only_job: None,
-            caps: Default::default(),
-        }),
+        claim: Some(job_claim("w", clock.now_ms(), 2)),
     };
     let outcome = pg.job_batch(&batch).await.expect("complete b, claim");
     assert_eq!(pg.batches_in_steps(), 0, "written in one call");

@@ -111,6 +111,7 @@ async fn measure(
         stage: "bench".into(),
         attempt: 1,
         idempotency_key: "bench".into(),
+        started_at_ms: 0,
     };
     // Warm up: first-touch page faults and lazy initialisation.
     for _ in 0..calls / 10 {

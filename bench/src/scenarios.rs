@@ -339,6 +339,7 @@ pub(super) async fn instantiate_call(
         stage: "bench".into(),
         attempt: 1,
         idempotency_key: "bench".into(),
+        started_at_ms: 0,
     };
     for _ in 0..config.calls / 10 {
         let _ = rig.host.execute(&plugin, &inv, Vec::new()).await;
@@ -405,6 +406,7 @@ pub(super) async fn submit_cost(
                 version: manifest.version.to_string(),
                 manifest: toml::to_string(&manifest)?,
                 component,
+                contract: "0.2.0".into(),
                 now: rig.clock.now_ms(),
             })
             .await?;

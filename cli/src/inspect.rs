@@ -65,6 +65,7 @@ pub async fn plugin_show(env: &Env, spec: &str, json: bool) -> Result<ExitCode> 
             if p.yanked { "  (yanked)" } else { "" }
         );
         println!("  digest:        {}", p.digest);
+        println!("  contract:      ratchet:stage@{}", p.contract);
         println!("  size:          {} bytes", p.size);
         println!("  registered at: {}", when::local(p.registered_at));
         println!("  runs using it: {runs}");

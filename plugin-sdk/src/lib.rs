@@ -1,9 +1,19 @@
 //! Write a Ratchet stage plugin in Rust: implement [`Stage`], call
 //! [`export_stage!`], build for `wasm32-wasip2`. The WIT bindings stay hidden.
 //! [`testing`] runs a stage natively under simulated crashes and retries.
+//!
+//! The stage speaks contract `ratchet:stage@0.2.0`: chat models with
+//! structured output ([`Chat`], [`Context::structured`]), and a clock and
+//! random numbers that replay on a retry ([`Context::now`],
+//! [`Context::random_u64`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::SystemTime;
+
+mod chat;
+
+pub use chat::{Chat, Reply};
 
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
@@ -17,11 +27,12 @@ pub mod bindings {
         pub_export_macro: true,
         export_macro_name: "__export_stage_world",
         default_bindings_module: "::ratchet_plugin_sdk::bindings",
+        additional_derives: [PartialEq],
     });
 }
 
 pub use bindings::ratchet::stage::log::Level;
-pub use bindings::ratchet::stage::model::ModelError;
+pub use bindings::ratchet::stage::model::{FinishReason, ModelError, Role, Usage};
 use bindings::ratchet::stage::types;
 
 /// A stage: a manifest and one function from canonical inputs to proposed
@@ -117,18 +128,94 @@ impl Context {
     pub fn info(&self, message: &str) {
         self.log(Level::Info, message);
     }
-    /// Asks the model. The host journals the answer before returning it: a
-    /// retried attempt gets the answers earlier attempts got, call by call.
+    /// Asks the model one prompt (one user message) and returns the text.
+    /// The host journals the answer before returning it: a retried attempt
+    /// gets the answers earlier attempts got, call by call.
     pub fn generate(&self, prompt: &str) -> Result<String, Error> {
+        Ok(self.chat(&Chat::new().user(prompt))?.text)
+    }
+
+    /// Asks the model a chat, journaled like [`Context::generate`].
+    pub fn chat(&self, chat: &Chat) -> Result<Reply, Error> {
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(sim) = &self.sim {
-            return sim.borrow_mut().generate(prompt).map_err(Error::from);
+            return sim
+                .borrow_mut()
+                .generate(chat.request())
+                .map(Reply::from)
+                .map_err(Error::from);
         }
-        let request = bindings::ratchet::stage::model::Request {
-            prompt: prompt.to_string(),
-            max_tokens: None,
-        };
-        bindings::ratchet::stage::model::generate(&request).map_err(Error::from)
+        bindings::ratchet::stage::model::generate(chat.request())
+            .map(Reply::from)
+            .map_err(Error::from)
+    }
+
+    /// Asks for an answer of type `T`: the request carries `T`'s JSON
+    /// Schema, the host hands over only an answer that fits it (one that
+    /// does not fails the attempt, retryably), and it is decoded here.
+    pub fn structured<T>(&self, chat: &Chat) -> Result<T, Error>
+    where
+        T: serde::de::DeserializeOwned + schemars::JsonSchema,
+    {
+        let schema = schemars::schema_for!(T);
+        let value = serde_json::to_value(&schema).map_err(|e| {
+            Error::fatal(format!(
+                "the schema of `{}` cannot be encoded: {e}",
+                T::schema_name()
+            ))
+        })?;
+        let answer = self.structured_value(chat, &T::schema_name(), &value)?;
+        serde_json::from_value(answer).map_err(|e| {
+            Error::fatal(format!(
+                "an answer that fits the schema of `{}` does not decode as it: {e}",
+                T::schema_name()
+            ))
+        })
+    }
+
+    /// Asks for one JSON value that fits `schema` (a JSON Schema), checked
+    /// by the host.
+    pub fn structured_value(
+        &self,
+        chat: &Chat,
+        name: &str,
+        schema: &serde_json::Value,
+    ) -> Result<serde_json::Value, Error> {
+        let reply = self.chat(&chat.clone().json_schema(name, schema))?;
+        serde_json::from_str(&reply.text)
+            .map_err(|e| Error::fatal(format!("the answer for `{name}` is not JSON: {e}")))
+    }
+
+    /// The wall clock. It starts where the stage's first attempt started
+    /// and runs on, so every attempt sees the same date: a date put into a
+    /// prompt replays on a retry.
+    pub fn now(&self) -> SystemTime {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(sim) = &self.sim {
+            return sim.borrow().now();
+        }
+        SystemTime::now()
+    }
+
+    /// A random number. The host seeds the stage's generator with the run
+    /// and the stage, so every attempt draws the same numbers in the same
+    /// order: a random pick replays on a retry. Predictable by design: not
+    /// for secrets.
+    pub fn random_u64(&self) -> u64 {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(sim) = &self.sim {
+            return sim.borrow_mut().random_u64();
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            // WASI's random interface cannot fail.
+            getrandom::u64().unwrap_or_default()
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            use std::hash::{BuildHasher, RandomState};
+            RandomState::new().hash_one(0u8)
+        }
     }
 }
 

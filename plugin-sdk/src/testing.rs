@@ -35,11 +35,17 @@ use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::marker::PhantomData;
 use std::rc::Rc;
+use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
+use crate::bindings::ratchet::stage::model::{Answer, FinishReason, Request, ResponseFormat, Role};
 use crate::bindings::ratchet::stage::types;
 use crate::{Context, Error, Inputs, Level, ModelError, Stage};
+
+/// The simulated wall clock unless [`Harness::clock`] sets another:
+/// 2026-01-01T00:00:00Z.
+pub const DEFAULT_CLOCK: Duration = Duration::from_secs(1_767_225_600);
 
 type ModelFn = Box<dyn FnMut(u32, &str) -> Result<String, ModelError>>;
 
@@ -57,6 +63,7 @@ struct Manifest {
 pub struct Harness<S: Stage> {
     inputs: Vec<types::Artifact>,
     model: ModelFn,
+    clock: SystemTime,
     crash_after: BTreeSet<u32>,
     max_attempts: u32,
     _stage: PhantomData<S>,
@@ -145,6 +152,7 @@ impl<S: Stage> Harness<S> {
         Self {
             inputs: Vec::new(),
             model: Box::new(|attempt, prompt| Ok(format!("answer {attempt}: {prompt}"))),
+            clock: SystemTime::UNIX_EPOCH + DEFAULT_CLOCK,
             crash_after: BTreeSet::new(),
             max_attempts: 5,
             _stage: PhantomData,
@@ -170,12 +178,23 @@ impl<S: Stage> Harness<S> {
     }
 
     /// The model backend: called with the attempt number and the prompt
-    /// whenever the journal has no answer yet.
+    /// (the last user message) whenever the journal has no answer yet. A
+    /// request for JSON gets its answer checked against the request's
+    /// schema, as the host does: one that does not fit fails the attempt,
+    /// retryably, and is not journaled.
     pub fn model(
         mut self,
         answer: impl FnMut(u32, &str) -> Result<String, ModelError> + 'static,
     ) -> Self {
         self.model = Box::new(answer);
+        self
+    }
+
+    /// What [`Context::now`] reads on every attempt (default
+    /// [`DEFAULT_CLOCK`]): the host starts each attempt's clock where the
+    /// first attempt's started.
+    pub fn clock(mut self, now: SystemTime) -> Self {
+        self.clock = now;
         self
     }
 
@@ -203,6 +222,8 @@ impl<S: Stage> Harness<S> {
         };
         let sim = Rc::new(RefCell::new(SimHost {
             model: self.model,
+            clock: self.clock,
+            draws: 0,
             journal: Vec::new(),
             grant_model: manifest.capabilities.iter().any(|c| c == "model"),
             grant_log: manifest.capabilities.iter().any(|c| c == "log"),
@@ -292,7 +313,10 @@ fn check_outputs(manifest: &Manifest, outputs: &[types::Artifact]) -> Result<(),
 #[doc(hidden)]
 pub struct SimHost {
     model: ModelFn,
-    /// (prompt, answer) by call index: what the runtime journals.
+    clock: SystemTime,
+    /// Random numbers drawn in this attempt.
+    draws: u64,
+    /// (request, answer) by call index: what the runtime journals.
     journal: Vec<(String, String)>,
     grant_model: bool,
     grant_log: bool,
@@ -309,6 +333,21 @@ impl SimHost {
     fn begin(&mut self, attempt: u32) {
         self.attempt = attempt;
         self.next_call = 0;
+        self.draws = 0;
+    }
+
+    pub(crate) fn now(&self) -> SystemTime {
+        self.clock
+    }
+
+    /// The same numbers on every attempt, like the host's generator
+    /// seeded by run and stage (SplitMix64 over the draw count).
+    pub(crate) fn random_u64(&mut self) -> u64 {
+        self.draws += 1;
+        let mut z = self.draws.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
 
     fn end(&mut self) -> (Vec<ModelCall>, Vec<(Level, String)>, Option<Error>) {
@@ -325,32 +364,43 @@ impl SimHost {
         }
     }
 
-    pub(crate) fn generate(&mut self, prompt: &str) -> Result<String, ModelError> {
-        let result = self.answer(prompt);
+    pub(crate) fn generate(&mut self, request: &Request) -> Result<Answer, ModelError> {
+        let prompt = request
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m.role == Role::User)
+            .map_or("", |m| m.content.as_str());
+        let key = format!("{request:?}");
+        let result = self.answer(&key, prompt, request);
         let replayed = self.next_call < self.journal.len() && result.is_ok();
         self.calls.push(ModelCall {
             prompt: prompt.to_string(),
             answer: result.clone().map_err(|e| format!("{e:?}")),
             replayed,
         });
-        if result.is_ok() && !replayed {
-            self.journal
-                .push((prompt.to_string(), result.clone().unwrap_or_default()));
+        if let (Ok(answer), false) = (&result, replayed) {
+            self.journal.push((key, answer.clone()));
         }
         self.next_call += 1;
-        result
+        result.map(|text| Answer {
+            text,
+            finish_reason: FinishReason::Stop,
+            model: "harness".into(),
+            usage: None,
+        })
     }
 
-    fn answer(&mut self, prompt: &str) -> Result<String, ModelError> {
+    fn answer(&mut self, key: &str, prompt: &str, request: &Request) -> Result<String, ModelError> {
         if !self.grant_model {
             return Err(ModelError::AccessDenied(
                 "the manifest does not ask for the `model` capability".into(),
             ));
         }
         if let Some((recorded, answer)) = self.journal.get(self.next_call) {
-            if recorded != prompt {
+            if recorded != key {
                 let message = format!(
-                    "non-determinism: model call #{} asked {prompt:?} but an earlier attempt asked {recorded:?}",
+                    "non-determinism: model call #{} asked {key} but an earlier attempt asked {recorded}",
                     self.next_call
                 );
                 self.host_failure = Some(Error::fatal(message.clone()));
@@ -362,6 +412,27 @@ impl SimHost {
         if let Err(ModelError::Unavailable(m)) = &answer {
             self.host_failure = Some(Error::retryable(format!("model unavailable: {m}")));
         }
+        if let (Ok(text), ResponseFormat::Json(json)) = (&answer, &request.response_format)
+            && let Err(why) = fits(&json.schema, text)
+        {
+            let message = format!("the answer does not fit the schema `{}`: {why}", json.name);
+            self.host_failure = Some(Error::retryable(message.clone()));
+            return Err(ModelError::Unavailable(message));
+        }
         answer
+    }
+}
+
+/// Whether `answer` is JSON that fits `schema`, as the host checks it.
+fn fits(schema: &str, answer: &str) -> Result<(), String> {
+    let schema: serde_json::Value =
+        serde_json::from_str(schema).map_err(|e| format!("the schema is not JSON: {e}"))?;
+    let validator =
+        jsonschema::validator_for(&schema).map_err(|e| format!("not a JSON Schema: {e}"))?;
+    let value: serde_json::Value =
+        serde_json::from_str(answer).map_err(|e| format!("the answer is not JSON: {e}"))?;
+    match validator.iter_errors(&value).next() {
+        None => Ok(()),
+        Some(e) => Err(format!("at `{}`: {e}", e.instance_path())),
     }
 }

@@ -119,3 +119,70 @@ fn the_output_contract_and_capabilities_are_enforced() {
         "{failure}"
     );
 }
+
+/// A structured, dated stage on contract 0.2.0.
+struct Dated;
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Verdict {
+    ok: bool,
+    #[schemars(range(min = 1, max = 3))]
+    score: u8,
+}
+
+impl Stage for Dated {
+    const MANIFEST: &'static str = "name = \"dated\"\nversion = \"1.0.0\"\noutputs = [\"verdict\"]\ncapabilities = [\"model\"]";
+    fn run(ctx: &Context, _: &Inputs) -> Result<Outputs, Error> {
+        let secs = ctx
+            .now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let pick = ctx.random_u64() % 1000;
+        let chat = ratchet_plugin_sdk::Chat::new()
+            .system("judge")
+            .user(format!("at {secs}, pick {pick}: ok?"));
+        let verdict: Verdict = ctx.structured(&chat)?;
+        Ok(Outputs::new().text(
+            "verdict",
+            format!("{secs} {pick} {} {}", verdict.ok, verdict.score),
+        ))
+    }
+}
+
+/// The harness checks a structured answer as the host does: one that does
+/// not fit fails the attempt retryably and is not journaled; the fixed
+/// clock and seeded numbers make the retry ask the same question. Seen
+/// failing with the schema check left out of the harness (the misfit
+/// reached the stage, which failed to decode it, fatally).
+#[test]
+fn a_structured_answer_that_does_not_fit_is_retried() {
+    let report = Harness::<Dated>::new()
+        .clock(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000))
+        .model(|attempt, prompt| {
+            assert!(prompt.starts_with("at 1000, pick "), "{prompt}");
+            Ok(match attempt {
+                1 => r#"{"ok": true, "score": 9}"#.to_string(),
+                _ => r#"{"ok": true, "score": 2}"#.to_string(),
+            })
+        })
+        .run();
+    assert!(
+        matches!(&report.attempts[0].outcome, Outcome::Failed(e) if e.retryable && e.message.contains("does not fit")),
+        "{:?}",
+        report.attempts
+    );
+    let prompts: Vec<&str> = report
+        .attempts
+        .iter()
+        .flat_map(|a| a.model_calls.iter().map(|c| c.prompt.as_str()))
+        .collect();
+    assert_eq!(
+        prompts[0], prompts[1],
+        "the same date and pick on the retry"
+    );
+    assert!(
+        report.text("verdict").ends_with("true 2"),
+        "{}",
+        report.text("verdict")
+    );
+}

@@ -55,6 +55,7 @@ pub async fn plugin_register(
             version: manifest.version.to_string(),
             manifest: toml::to_string(&manifest).unwrap_or_default(),
             component,
+            contract: loaded.contract().version().to_string(),
             now: clock.now_ms(),
         })
         .await?;

@@ -105,7 +105,7 @@ pub async fn postgres_schema_url() -> Option<String> {
 }
 
 fn uuid_like() -> String {
-    use rand::Rng;
+    use rand::RngExt;
     let mut rng = rand::rng();
     (0..16)
         .map(|_| char::from(b'a' + rng.random_range(0..26u8)))

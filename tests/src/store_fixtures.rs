@@ -12,6 +12,7 @@ pub async fn put_stand_in_plugin(store: &dyn Store, now: i64) {
             version: "1.0.0".into(),
             manifest: String::new(),
             component: vec![0],
+            contract: "0.2.0".into(),
             now,
         })
         .await

@@ -197,6 +197,8 @@ async fn racing_journal_writes(backend: Backend) {
             prompt_tokens: 7,
             completion_tokens: attempt as u32,
         }),
+        finish_reason: None,
+        model: None,
     };
     let first = h
         .store

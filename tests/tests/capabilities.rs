@@ -47,7 +47,7 @@ fn rehost(h: &mut Harness, policy: Policy) {
 async fn registration_names_an_import_the_manifest_does_not_ask_for() {
     let h = harness(Policy::default()).await;
     let err = refusal(&h, "undeclared-capability").await;
-    assert!(err.contains("`ratchet:stage/model@0.1.0`"), "{err}");
+    assert!(err.contains("`ratchet:stage/model@0.2.0`"), "{err}");
     assert!(err.contains("capabilities = [\"model\"]"), "{err}");
 }
 
@@ -167,7 +167,7 @@ async fn the_cli_refuses_in_one_line() {
     let mut add = ratchet_tests::ratchet(BIN, &h.url);
     add.args(["plugin", "add"])
         .arg(plugin_path("undeclared-capability"));
-    assert_refused(&h, add, "`ratchet:stage/model@0.1.0`").await;
+    assert_refused(&h, add, "`ratchet:stage/model@0.2.0`").await;
 
     let dir = tempfile::tempdir().expect("temp dir");
     let policy = dir.path().join("policy.toml");

@@ -475,6 +475,13 @@ async fn commands_answer_programs_in_json() {
     );
     let shown = json(cli(url, &["plugin", "show", "draft", "--json"]).await);
     assert_eq!(shown[0]["runs_using_it"], 1, "{shown}");
+    assert_eq!(shown[0]["plugin"]["contract"], "0.2.0", "{shown}");
+    let text = cli(url, &["plugin", "show", "draft"]).await;
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("contract:      ratchet:stage@0.2.0"),
+        "{text}"
+    );
 
     assert!(cli(url, &["worker", "--until-idle"]).await.status.success());
     let artifacts = json(cli(url, &["artifacts", &run, "--json"]).await);

@@ -7,7 +7,7 @@
 //! first seed fails.
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use ratchet_runtime::store::JobState;
 use std::sync::Arc;
 

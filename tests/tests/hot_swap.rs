@@ -393,6 +393,7 @@ async fn submit_reads_what_it_resolves(backend: Backend) {
                     version,
                     manifest: "not a manifest".into(),
                     component: vec![0],
+                    contract: "0.2.0".into(),
                     now: 0,
                 })
                 .await

@@ -12,7 +12,8 @@ use axum::routing::post;
 use axum::{Json, Router};
 use ratchet_runtime::crash::CRASH_EXIT_CODE;
 use ratchet_runtime::llm::{
-    Answer, ModelBackend, ModelError, ModelRequest, OpenAiConfig, OpenAiModel, Usage,
+    Answer, FinishReason, Message, ModelBackend, ModelError, ModelRequest, OpenAiConfig,
+    OpenAiModel, ResponseFormat, Role, Schema, Usage,
 };
 use ratchet_tests::{Backend, DEMO_PLUGINS, Harness, output, ratchet};
 use serde_json::{Value, json};
@@ -26,6 +27,8 @@ enum Reply {
     Answer(&'static str),
     /// Answers without counting tokens, as some servers do.
     Uncounted(&'static str),
+    /// Cut at the token limit, naming the model that answered.
+    Cut(&'static str),
     Status(u16),
     /// Never answers.
     Hang,
@@ -65,6 +68,12 @@ async fn chat(
             (StatusCode::OK, Json(answer))
         }
         Reply::Uncounted(text) => (StatusCode::OK, Json(completion(text))),
+        Reply::Cut(text) => {
+            let mut answer = completion(text);
+            answer["choices"][0]["finish_reason"] = json!("length");
+            answer["model"] = json!("served-model-2026");
+            (StatusCode::OK, Json(answer))
+        }
         Reply::Status(code) => (
             StatusCode::from_u16(code).expect("status"),
             Json(json!({"error": {"message": format!("scripted {code}")}})),
@@ -99,9 +108,15 @@ fn client(base_url: &str, timeout: Duration) -> OpenAiModel {
 }
 
 fn request(prompt: &str) -> ModelRequest {
-    ModelRequest {
-        prompt: prompt.into(),
-        max_tokens: Some(64),
+    ModelRequest::prompt(prompt, Some(64))
+}
+
+/// An answer as the backend reports one the server ended normally.
+fn answered(text: &str, usage: Option<Usage>) -> Answer {
+    Answer {
+        usage,
+        model: Some("test-model".into()),
+        ..Answer::text(text)
     }
 }
 
@@ -118,13 +133,9 @@ async fn a_chat_completion_is_asked_and_answered() {
         prompt_tokens: 11,
         completion_tokens: 3,
     };
-    let counted = Answer {
-        text: "Ratchet 1.0 ships".into(),
-        usage: Some(usage),
-    };
-    assert_eq!(answer, Ok(counted));
+    assert_eq!(answer, Ok(answered("Ratchet 1.0 ships", Some(usage))));
     let answer = model.generate(&request("Write another")).await;
-    assert_eq!(answer, Ok(Answer::text("Ratchet 1.1 ships")));
+    assert_eq!(answer, Ok(answered("Ratchet 1.1 ships", None)));
     let seen = script.seen.lock().expect("seen");
     let (auth, body) = &seen[0];
     assert_eq!(auth.as_deref(), Some("Bearer sk-test"));
@@ -132,6 +143,68 @@ async fn a_chat_completion_is_asked_and_answered() {
     assert_eq!(body["messages"][0]["role"], "user");
     assert_eq!(body["messages"][0]["content"], "Write a headline");
     assert_eq!(body["max_tokens"], 64);
+}
+
+/// Contract 0.2.0's request maps onto chat completions: every message, the
+/// options, a named model and the schema as `response_format`; the answer
+/// keeps the finish reason and the model the server names. Seen failing
+/// with the options left out of the body.
+#[tokio::test]
+async fn a_chat_with_options_and_a_schema_is_sent_whole() {
+    let (url, script) = server(&[Reply::Cut(r#"{"n": 1}"#)]).await;
+    let model = client(&url, Duration::from_secs(30));
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+    let asked = ModelRequest {
+        messages: vec![
+            Message {
+                role: Role::System,
+                content: "Be brief.".into(),
+            },
+            Message {
+                role: Role::User,
+                content: "Count.".into(),
+            },
+            Message {
+                role: Role::Assistant,
+                content: "One?".into(),
+            },
+            Message {
+                role: Role::User,
+                content: "Go on.".into(),
+            },
+        ],
+        model: Some("small-model".into()),
+        temperature: Some(0.25),
+        top_p: Some(0.5),
+        stop: vec!["\n\n".into()],
+        max_tokens: Some(8),
+        format: ResponseFormat::Json {
+            name: "count".into(),
+            schema: Schema::new(schema.clone()).expect("schema"),
+        },
+    };
+    let answer = model.generate(&asked).await.expect("answer");
+    assert_eq!(answer.finish_reason, FinishReason::Length);
+    assert_eq!(answer.model.as_deref(), Some("served-model-2026"));
+    let seen = script.seen.lock().expect("seen");
+    let body = &seen[0].1;
+    assert_eq!(body["model"], "small-model");
+    assert_eq!(body["messages"].as_array().map(Vec::len), Some(4));
+    assert_eq!(
+        body["messages"][0],
+        json!({"role": "system", "content": "Be brief."})
+    );
+    assert_eq!(body["messages"][2]["role"], "assistant");
+    assert_eq!(
+        (body["temperature"].clone(), body["top_p"].clone()),
+        (json!(0.25), json!(0.5))
+    );
+    assert_eq!(body["stop"], json!(["\n\n"]));
+    assert_eq!(body["max_tokens"], 8);
+    assert_eq!(
+        body["response_format"],
+        json!({"type": "json_schema", "json_schema": {"name": "count", "schema": schema}})
+    );
 }
 
 #[tokio::test]

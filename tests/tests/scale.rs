@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use ratchet_runtime::clock::SystemClock;
 use ratchet_tests::fleet::Fleet;
 use ratchet_tests::{Backend, DEMO_PLUGINS, Harness, output, ratchet};

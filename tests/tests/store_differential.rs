@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::store::{
     ClaimedJob, EdgeKind, InputBinding, JobClaim, JobComplete, JobFail, NewEdge, NewJob, Payload,

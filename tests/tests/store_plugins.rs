@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use ratchet_bench::fanout_pipeline;
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::manifest::Pipeline;
@@ -25,6 +25,7 @@ fn put(digest: &str, version: &str) -> PluginPut {
         version: version.into(),
         manifest: "name = \"draft\"".into(),
         component: digest.as_bytes().to_vec(),
+        contract: "0.2.0".into(),
         now: 1,
     }
 }

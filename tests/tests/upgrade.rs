@@ -46,6 +46,8 @@ async fn journaled_meanwhile(backend: Backend) {
             attempt: 1,
             now: 0,
             usage: None,
+            finish_reason: None,
+            model: None,
         })
         .await
         .expect("journal");

@@ -39,10 +39,18 @@ class WitWorld(wit_world.WitWorld):
             raise Err(StageError_Fatal(f"input `draft` is not UTF-8: {e}"))
 
         log.log(log.Level.INFO, f"attempt {ctx.attempt} writing a headline")
-        request = model.Request(prompt="Write a headline for: " + text, max_tokens=None)
+        request = model.Request(
+            messages=[model.Message(model.Role.USER, "Write a headline for: " + text)],
+            model=None,
+            temperature=None,
+            top_p=None,
+            stop=[],
+            max_tokens=None,
+            response_format=model.ResponseFormat_Text(),
+        )
         try:
             answer = model.generate(request)
         except Err as e:
             retry = isinstance(e.value, model.ModelError_Unavailable)
             raise Err((StageError_Retryable if retry else StageError_Fatal)(e.value.value))
-        return [Artifact("headline", "text/plain; charset=utf-8", answer.encode("utf-8"))]
+        return [Artifact("headline", "text/plain; charset=utf-8", answer.text.encode("utf-8"))]

@@ -7,7 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::{Answer, ModelBackend, ModelError, ModelRequest, Usage};
+use super::{
+    Answer, FinishReason, Message, ModelBackend, ModelError, ModelRequest, ResponseFormat, Schema,
+    Usage,
+};
 
 /// Where and how to reach the model.
 #[derive(Debug, Clone)]
@@ -35,18 +38,35 @@ pub enum OpenAiConfigError {
     Client(String),
 }
 
+/// A chat completion request; unset options are left out, for servers
+/// that refuse what they do not know.
 #[derive(Serialize)]
 struct ChatRequest<'a> {
     model: &'a str,
-    messages: [Message<'a>; 1],
+    messages: &'a [Message],
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f32>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<Format<'a>>,
+}
+
+/// Structured output: `{"type": "json_schema", "json_schema": {...}}`.
+#[derive(Serialize)]
+#[serde(tag = "type", rename = "json_schema")]
+struct Format<'a> {
+    json_schema: NamedSchema<'a>,
 }
 
 #[derive(Serialize)]
-struct Message<'a> {
-    role: &'a str,
-    content: &'a str,
+struct NamedSchema<'a> {
+    name: &'a str,
+    schema: &'a Schema,
 }
 
 #[derive(Deserialize)]
@@ -55,11 +75,13 @@ struct ChatResponse {
     /// Servers that count tokens say so (`total_tokens` too); some do
     /// not.
     usage: Option<Usage>,
+    model: Option<String>,
 }
 
 #[derive(Deserialize)]
 struct Choice {
     message: AnswerMessage,
+    finish_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -101,13 +123,20 @@ impl ModelBackend for OpenAiModel {
     }
 
     async fn generate(&self, request: &ModelRequest) -> Result<Answer, ModelError> {
+        let model = request.model.as_deref().unwrap_or(&self.config.model);
         let body = ChatRequest {
-            model: &self.config.model,
-            messages: [Message {
-                role: "user",
-                content: &request.prompt,
-            }],
+            model,
+            messages: &request.messages,
             max_tokens: request.max_tokens,
+            temperature: request.temperature,
+            top_p: request.top_p,
+            stop: &request.stop,
+            response_format: match &request.format {
+                ResponseFormat::Text => None,
+                ResponseFormat::Json { name, schema } => Some(Format {
+                    json_schema: NamedSchema { name, schema },
+                }),
+            },
         };
         let mut http = self.client.post(self.endpoint.clone()).json(&body);
         if let Some(key) = &self.config.api_key {
@@ -142,15 +171,17 @@ impl ModelBackend for OpenAiModel {
         let parsed: ChatResponse = serde_json::from_str(&text).map_err(|e| {
             ModelError::Unavailable(format!("the answer is not a chat completion: {e}"))
         })?;
-        let text = parsed
-            .choices
-            .into_iter()
-            .next()
-            .and_then(|c| c.message.content)
-            .ok_or_else(|| ModelError::Unavailable("the answer has no message content".into()))?;
+        let no_content = || ModelError::Unavailable("the answer has no message content".into());
+        let choice = parsed.choices.into_iter().next().ok_or_else(no_content)?;
+        let text = choice.message.content.ok_or_else(no_content)?;
         Ok(Answer {
             text,
             usage: parsed.usage,
+            finish_reason: choice
+                .finish_reason
+                .as_deref()
+                .map_or(FinishReason::Stop, FinishReason::parse),
+            model: Some(parsed.model.unwrap_or_else(|| model.to_string())),
         })
     }
 }

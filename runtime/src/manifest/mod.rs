@@ -98,11 +98,12 @@ impl Capability {
         }
     }
 
-    /// The WIT interface behind it, as a component names the import.
-    pub fn import(self) -> &'static str {
+    /// The WIT interface behind it; a component imports it with the
+    /// version of its contract (`ratchet:stage/model@0.2.0`).
+    pub fn interface(self) -> &'static str {
         match self {
-            Capability::Log => "ratchet:stage/log@0.1.0",
-            Capability::Model => "ratchet:stage/model@0.1.0",
+            Capability::Log => "ratchet:stage/log",
+            Capability::Model => "ratchet:stage/model",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The output contract: what a stage returns is checked against its
 //! manifest and limits before anything is stored.
 
-use super::{EffectiveLimits, ExecError, Payload, WitArtifact};
+use super::{EffectiveLimits, ExecError, Payload, Proposal};
 use crate::manifest::PluginManifest;
 
 /// Longest media type an output may carry, in bytes.
@@ -10,7 +10,7 @@ const MAX_MEDIA_TYPE: usize = 255;
 pub(super) fn check_outputs(
     manifest: &PluginManifest,
     limits: &EffectiveLimits,
-    outputs: Vec<WitArtifact>,
+    outputs: Vec<Proposal>,
 ) -> Result<Vec<Payload>, ExecError> {
     let max = limits.max_output_bytes;
     let mut total = 0u64;

@@ -8,6 +8,8 @@ mod contract;
 mod host;
 mod limits;
 mod policy;
+mod replay;
+mod world;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -34,16 +36,20 @@ pub use policy::{
     Caps, DEFAULT_MAX_HOST_CALLS, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_MS,
     EffectiveLimits, Policy,
 };
+pub use world::Contract;
 
-wasmtime::component::bindgen!({
-    world: "stage",
-    path: "../plugin-sdk/wit",
-    imports: { default: async | trappable },
-    exports: { default: async },
-});
+/// An output as the stage proposed it, before the contract check.
+pub(crate) struct Proposal {
+    pub name: String,
+    pub media_type: String,
+    pub bytes: Vec<u8>,
+}
 
-/// The guest's side of a [`Payload`]: converted only where it crosses.
-use ratchet::stage::types::Artifact as WitArtifact;
+/// How a stage's own `run` said it failed.
+pub(crate) enum StageFailure {
+    Retryable(String),
+    Fatal(String),
+}
 
 const EPOCH_TICK: Duration = Duration::from_millis(5);
 
@@ -123,9 +129,16 @@ impl ExecError {
 pub struct LoadedPlugin {
     pub digest: String,
     pub manifest: PluginManifest,
-    /// The component's imports, e.g. `ratchet:stage/model@0.1.0`.
+    /// The component's imports, e.g. `ratchet:stage/model@0.2.0`.
     pub imports: Vec<String>,
-    pre: StagePre<HostState>,
+    pre: world::StagePre,
+}
+
+impl LoadedPlugin {
+    /// The version of Ratchet's contract the component speaks.
+    pub fn contract(&self) -> Contract {
+        self.pre.contract()
+    }
 }
 
 /// How a `PluginHost` is set up; `HostConfig::default()` suits tests and the
@@ -157,6 +170,9 @@ pub struct Invocation {
     pub stage: String,
     pub attempt: i64,
     pub idempotency_key: String,
+    /// When the stage's first attempt was claimed (ms since the Unix
+    /// epoch): the guest's wall clock starts there on every attempt.
+    pub started_at_ms: i64,
 }
 
 /// What the host tells about an attempt besides its outputs.
@@ -219,8 +235,7 @@ impl PluginHost {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| PluginError::Engine(e.to_string()))?;
-        Stage::add_to_linker::<_, wasmtime::component::HasSelf<_>>(&mut linker, |s| s)
-            .map_err(|e| PluginError::Engine(e.to_string()))?;
+        world::add_to_linker(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
         let stop_ticker = Arc::new(AtomicBool::new(false));
         let (ticker_engine, stop) = (engine.clone(), stop_ticker.clone());
         std::thread::Builder::new()
@@ -235,6 +250,7 @@ impl PluginHost {
         let disk = host_config
             .cache_dir
             .map(|dir| DiskCache::new(dir, &engine));
+        let allowed_models = Arc::new(host_config.policy.models().clone());
         Ok(Self {
             engine,
             linker,
@@ -248,6 +264,7 @@ impl PluginHost {
                 journal: store,
                 model,
                 clock,
+                allowed_models,
             },
             stop_ticker,
         })
@@ -294,17 +311,18 @@ impl PluginHost {
             .map(|(name, _)| name.to_string())
             .collect::<Vec<_>>();
         // Said before linking fails on it, in Ratchet's words.
+        let refused =
+            |refusal: String| PluginError::NotAdmitted(escape_controls(&refusal).into_owned());
+        let contract = Contract::of(&imports).map_err(refused)?;
         if let Some(refusal) = policy::unprovided_import(&imports) {
-            return Err(PluginError::NotAdmitted(
-                escape_controls(&refusal).into_owned(),
-            ));
+            return Err(refused(refusal));
         }
         let instance_pre = self
             .linker
             .instantiate_pre(&component)
             .map_err(|e| PluginError::WrongWorld(first_line(&e)))?;
-        let pre =
-            StagePre::new(instance_pre).map_err(|e| PluginError::WrongWorld(first_line(&e)))?;
+        let pre = world::StagePre::new(contract, instance_pre)
+            .map_err(|e| PluginError::WrongWorld(first_line(&e)))?;
         let text = self.describe(&pre).await?;
         let manifest =
             PluginManifest::parse(&format!("manifest of component {}", &digest[..12]), &text)?;
@@ -380,17 +398,22 @@ impl PluginHost {
         lock(&self.cache).get(digest).cloned()
     }
 
+    /// A store for one instance. With an attempt, WASI's clocks and random
+    /// numbers replay across its stage's attempts ([`replay`]).
     fn new_store(
         &self,
         limits: limits::InstanceLimits,
         call: Option<host::CallContext>,
         timeout: Duration,
     ) -> WasmStore<HostState> {
-        let wasi = WasiCtx::builder()
-            .allow_tcp(false)
+        let mut wasi = WasiCtx::builder();
+        wasi.allow_tcp(false)
             .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
+            .allow_ip_name_lookup(false);
+        if let Some(call) = &call {
+            replay::install(&mut wasi, call.invocation());
+        }
+        let wasi = wasi.build();
         let state = HostState {
             wasi,
             table: ResourceTable::new(),
@@ -411,15 +434,11 @@ impl PluginHost {
         store
     }
 
-    async fn describe(&self, pre: &StagePre<HostState>) -> Result<String, PluginError> {
+    async fn describe(&self, pre: &world::StagePre) -> Result<String, PluginError> {
         let limits = limits::InstanceLimits::new((DEFAULT_MEMORY_MB * 1024 * 1024) as usize);
         let timeout = Duration::from_millis(DEFAULT_TIMEOUT_MS);
         let mut store = self.new_store(limits, None, timeout);
-        let run = async {
-            let instance = pre.instantiate_async(&mut store).await?;
-            instance.call_describe(&mut store).await
-        };
-        match tokio::time::timeout(timeout, run).await {
+        match tokio::time::timeout(timeout, pre.describe(&mut store)).await {
             Ok(Ok(text)) => Ok(text),
             Ok(Err(e)) => Err(PluginError::WrongWorld(format!(
                 "`describe` failed: {}",
@@ -453,24 +472,7 @@ impl PluginHost {
         );
         let timeout = Duration::from_millis(timeout_ms);
         let mut store = self.new_store(store_limits, Some(call), timeout);
-        let ctx = StageContext {
-            run_id: inv.run_id.clone(),
-            stage: inv.stage.clone(),
-            attempt: inv.attempt.clamp(0, u32::MAX as i64) as u32,
-            idempotency_key: inv.idempotency_key.clone(),
-        };
-        let inputs: Vec<WitArtifact> = inputs
-            .into_iter()
-            .map(|p| WitArtifact {
-                name: p.name,
-                media_type: p.media_type,
-                bytes: p.bytes,
-            })
-            .collect();
-        let run = async {
-            let instance = plugin.pre.instantiate_async(&mut store).await?;
-            instance.call_run(&mut store, &ctx, &inputs).await
-        };
+        let run = plugin.pre.run(&mut store, inv, inputs);
         // The epoch callback interrupts a guest past its deadline; this outer
         // bound also covers a host call (a model request) that hangs.
         let outcome = tokio::time::timeout(timeout + Duration::from_secs(1), run).await;
@@ -482,8 +484,8 @@ impl PluginHost {
         let result = match outcome {
             Err(_) => Err(ExecError::Timeout(timeout_ms)),
             Ok(Err(e)) => Err(classify_trap(&e, timeout_ms, memory >> 20)),
-            Ok(Ok(Err(StageError::Retryable(m)))) => Err(ExecError::Retryable(m)),
-            Ok(Ok(Err(StageError::Fatal(m)))) => Err(ExecError::Fatal(m)),
+            Ok(Ok(Err(StageFailure::Retryable(m)))) => Err(ExecError::Retryable(m)),
+            Ok(Ok(Err(StageFailure::Fatal(m)))) => Err(ExecError::Fatal(m)),
             Ok(Ok(Ok(outputs))) => contract::check_outputs(&plugin.manifest, &limits, outputs),
         };
         result.map(|o| (o, report.clone())).map_err(|e| (e, report))

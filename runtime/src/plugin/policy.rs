@@ -30,10 +30,11 @@ pub fn unprovided_import(imports: &[String]) -> Option<String> {
     let known = |i: &String| is_base_import(i) || capability_of(i).is_some();
     imports.iter().find(|i| !known(i)).map(|import| {
         format!(
-            "the component imports `{import}`, which Ratchet does not provide to stages (provided: WASI 0.2 and {})",
+            "the component imports `{import}`, which Ratchet does not provide to stages (provided: WASI 0.2 and {} of contracts {})",
             Capability::ALL
-                .map(|c| format!("`{}`", c.import()))
-                .join(", ")
+                .map(|c| format!("`{}`", c.interface()))
+                .join(", "),
+            super::Contract::served()
         )
     })
 }
@@ -83,15 +84,33 @@ struct RawPolicy {
     /// counted.
     #[serde(default)]
     concurrency: BTreeMap<String, NonZeroU32>,
+    #[serde(default)]
+    model: ModelPolicy,
+}
+
+/// `[model]`: what stages may ask of the model backend.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelPolicy {
+    /// Models a stage may name in a request (none: only the default).
+    #[serde(default)]
+    allowed: BTreeSet<String>,
 }
 
 fn all_grants() -> Vec<Capability> {
     Capability::ALL.to_vec()
 }
 
-/// The capability whose interface a component imports under this name.
+/// The capability whose interface a component imports under this name,
+/// in any contract the host serves.
 fn capability_of(import: &str) -> Option<Capability> {
-    Capability::ALL.into_iter().find(|c| c.import() == import)
+    let (interface, version) = import.split_once('@')?;
+    if !super::Contract::ALL.iter().any(|c| c.version() == version) {
+        return None;
+    }
+    Capability::ALL
+        .into_iter()
+        .find(|c| c.interface() == interface)
 }
 
 /// See the module documentation. `Policy::default()` grants every capability
@@ -101,6 +120,7 @@ pub struct Policy {
     grants: BTreeSet<Capability>,
     pub caps: Caps,
     concurrency: BTreeMap<String, NonZeroU32>,
+    models: BTreeSet<String>,
 }
 
 impl Default for Policy {
@@ -109,6 +129,7 @@ impl Default for Policy {
             grants: all_grants().into_iter().collect(),
             caps: Caps::default(),
             concurrency: BTreeMap::new(),
+            models: BTreeSet::new(),
         }
     }
 }
@@ -121,6 +142,7 @@ impl Policy {
             grants: raw.grants.into_iter().collect(),
             caps: raw.caps,
             concurrency: raw.concurrency,
+            models: raw.model.allowed,
         })
     }
 
@@ -138,6 +160,16 @@ impl Policy {
     pub fn with_grants(mut self, grants: impl IntoIterator<Item = Capability>) -> Self {
         self.grants = grants.into_iter().collect();
         self
+    }
+
+    /// Models a stage may ask for by name.
+    pub fn with_models(mut self, models: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.models = models.into_iter().map(Into::into).collect();
+        self
+    }
+
+    pub fn models(&self) -> &BTreeSet<String> {
+        &self.models
     }
 
     pub fn with_caps(mut self, caps: Caps) -> Self {

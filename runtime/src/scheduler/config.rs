@@ -1,6 +1,6 @@
 //! How a scheduler retries, leases and batches.
 
-use rand::Rng;
+use rand::RngExt;
 
 /// Exponential backoff with jitter: `base * 2^(attempt-1)`, capped, then
 /// scaled by a random factor in `[1 - jitter, 1 + jitter]`.

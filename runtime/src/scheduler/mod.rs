@@ -240,6 +240,7 @@ impl Scheduler {
             stage: job.stage.clone(),
             attempt: job.attempt,
             idempotency_key: format!("{}/{}", job.run_id, job.stage),
+            started_at_ms: self.first_started(job).await?,
         };
         let (result, report) = self
             .executor
@@ -252,6 +253,16 @@ impl Scheduler {
             result,
             report,
         })
+    }
+
+    /// When the job's first attempt was claimed: this claim's time for a
+    /// first attempt (no read), the first attempt's row for a retry.
+    async fn first_started(&self, job: &ClaimedJob) -> Result<i64, StoreError> {
+        if job.attempt <= 1 {
+            return Ok(job.claimed_at);
+        }
+        let first = self.store.attempt_get(job.job_id, 1).await?;
+        Ok(first.map_or(job.claimed_at, |a| a.claimed_at))
     }
 
     /// Commits the attempt's result: a completion (canonical-first, through

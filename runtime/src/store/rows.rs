@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::llm::Usage;
+use crate::llm::{FinishReason, Usage};
 
 /// Typed column access. Integers are 64-bit and flags are stored as
 /// integers in both schemas.
@@ -183,10 +183,11 @@ pub(crate) fn edge_satisfied(row: &impl RowExt) -> Result<crate::store::complete
     })
 }
 
+/// A claimed job's row; `lease` is (claimed at, lease expires at).
 pub(crate) fn claimed_job(
     row: &impl RowExt,
     job_id: i64,
-    lease_expires_at: i64,
+    (claimed_at, lease_expires_at): (i64, i64),
 ) -> Result<ClaimedJob> {
     Ok(ClaimedJob {
         job_id,
@@ -195,6 +196,7 @@ pub(crate) fn claimed_job(
         plugin_digest: row.text("plugin_digest")?,
         attempt: row.int("attempt")?,
         max_attempts: row.int("max_attempts")?,
+        claimed_at,
         lease_expires_at,
         taken_over: false,
         outputs: json_list("jobs", &row.text("outputs")?)?,
@@ -235,6 +237,7 @@ pub(crate) fn plugin_summary(row: &impl RowExt) -> Result<PluginSummary> {
         size: row.int("size")?,
         registered_at: row.int("registered_at")?,
         yanked: row.int("yanked")? != 0,
+        contract: row.text("contract")?,
     })
 }
 
@@ -273,6 +276,11 @@ pub(crate) fn model_call(row: &impl RowExt) -> Result<ModelCall> {
             }),
             _ => None,
         },
+        finish_reason: row
+            .opt_text("finish_reason")?
+            .as_deref()
+            .map(FinishReason::parse),
+        model: row.opt_text("model")?,
     })
 }
 

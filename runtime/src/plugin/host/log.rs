@@ -2,8 +2,18 @@
 //! their control characters escaped and their length bounded. `log` returns
 //! nothing, so a call the attempt is not granted is dropped and counted.
 
-use super::super::ratchet::stage::log::{Host, Level};
+use super::super::world::{v0_1, v0_2};
 use super::super::{ExecReport, HostState, Invocation};
+
+/// A line's level, in neither contract's types.
+#[derive(Debug, Clone, Copy)]
+enum Level {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
 
 /// Longest message kept; the rest is cut so a plugin cannot flood the log.
 const MAX_MESSAGE: usize = 4096;
@@ -48,19 +58,45 @@ fn emit((run, stage): (&str, &str), level: Level, message: &str) {
     }
 }
 
-impl Host for HostState {
-    async fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
+impl HostState {
+    fn log_line(&mut self, level: Level, message: &str) -> wasmtime::Result<()> {
         match self.call.as_mut() {
             Some(call) => {
                 call.count_call()?;
-                call.log.write(&call.inv, level, &message);
+                call.log.write(&call.inv, level, message);
             }
             // `describe`: no attempt to tag the line with.
-            None => emit(("-", "-"), level, &message),
+            None => emit(("-", "-"), level, message),
         }
         Ok(())
     }
 }
+
+/// Either contract's `log`, whose levels differ only in their type.
+macro_rules! log_host {
+    ($v:ident) => {
+        impl $v::ratchet::stage::log::Host for HostState {
+            async fn log(
+                &mut self,
+                level: $v::ratchet::stage::log::Level,
+                message: String,
+            ) -> wasmtime::Result<()> {
+                use $v::ratchet::stage::log::Level as Wit;
+                let level = match level {
+                    Wit::Trace => Level::Trace,
+                    Wit::Debug => Level::Debug,
+                    Wit::Info => Level::Info,
+                    Wit::Warn => Level::Warn,
+                    Wit::Error => Level::Error,
+                };
+                self.log_line(level, &message)
+            }
+        }
+    };
+}
+
+log_host!(v0_1);
+log_host!(v0_2);
 
 #[cfg(test)]
 mod tests {
@@ -72,6 +108,7 @@ mod tests {
             stage: "s".into(),
             attempt: 1,
             idempotency_key: "r/s".into(),
+            started_at_ms: 0,
         }
     }
 

@@ -13,6 +13,7 @@
 mod log;
 mod model;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use wasmtime_wasi::{WasiCtxView, WasiView};
@@ -58,6 +59,8 @@ pub(crate) struct Services {
     pub journal: Arc<dyn Journal>,
     pub model: Arc<dyn ModelBackend>,
     pub clock: Arc<dyn Clock>,
+    /// Models a stage may ask for by name (the policy's `[model] allowed`).
+    pub allowed_models: Arc<BTreeSet<String>>,
 }
 
 /// Per-attempt state behind the imports.
@@ -86,6 +89,10 @@ impl CallContext {
             max_host_calls,
             failure: None,
         }
+    }
+
+    pub fn invocation(&self) -> &Invocation {
+        &self.inv
     }
 
     pub fn report(&self) -> ExecReport {
@@ -122,5 +129,3 @@ impl WasiView for HostState {
         }
     }
 }
-
-impl super::ratchet::stage::types::Host for HostState {}

@@ -1,13 +1,20 @@
 //! `model.generate`: journaled canonical-first. The k-th call of a stage in a
 //! run is answered from the journal when an earlier attempt recorded it, and
 //! otherwise asked of the backend and recorded before the plugin sees it;
-//! a backend's refusal is recorded and replayed the same way.
+//! a backend's refusal is recorded and replayed the same way. An answer
+//! that does not fit the request's schema is never recorded nor handed
+//! over: the attempt fails, retryably, and the retry asks again.
+//!
+//! Both contracts reach [`ModelCapability::generate`]: 0.1.0 asks one
+//! prompt, 0.2.0 a chat.
 
-use super::super::ratchet::stage::model::{Host, ModelError, Request};
+use super::super::world::{v0_1, v0_2};
 use super::super::{ExecReport, HostState, Invocation};
 use super::{HostFailure, Services};
-use crate::digest::sha256_hex;
-use crate::llm::{ModelError as BackendError, ModelRequest, Usage};
+use crate::llm::{
+    FinishReason, Message, ModelError as BackendError, ModelRequest, ResponseFormat, Role, Schema,
+    Usage,
+};
 use crate::store::{ModelCall, ModelCallPut, StoreError};
 
 /// The `model` capability of one attempt.
@@ -20,23 +27,31 @@ pub(super) struct ModelCapability {
     tokens: Usage,
 }
 
+/// Why a call got no answer, in neither contract's types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Denial {
+    AccessDenied(String),
+    Unavailable(String),
+    Rejected(String),
+}
+
 /// A call the plugin gets an error for, and whether it also fails the
 /// attempt whatever the plugin does with it.
 #[derive(Debug)]
 pub(super) struct Refusal {
-    answer: ModelError,
+    answer: Denial,
     failure: Option<HostFailure>,
 }
 
 impl Refusal {
-    fn answer(answer: ModelError) -> Self {
+    fn answer(answer: Denial) -> Self {
         Self {
             answer,
             failure: None,
         }
     }
 
-    fn failing(answer: ModelError, failure: HostFailure) -> Self {
+    fn failing(answer: Denial, failure: HostFailure) -> Self {
         Self {
             answer,
             failure: Some(failure),
@@ -61,24 +76,34 @@ impl ModelCapability {
         report.model_tokens = self.tokens;
     }
 
-    /// The answer to the attempt's next model call.
+    /// The journaled answer to the attempt's next model call.
     async fn generate(
         &mut self,
         inv: &Invocation,
         request: ModelRequest,
-    ) -> Result<String, Refusal> {
+    ) -> Result<ModelCall, Refusal> {
         let Some(services) = self.granted.clone() else {
-            return Err(Refusal::answer(ModelError::AccessDenied(
+            return Err(Refusal::answer(Denial::AccessDenied(
                 "the `model` capability is not granted: the manifest must ask for it and the operator's policy must grant it".into(),
             )));
         };
+        if let Some(model) = &request.model
+            && !services.allowed_models.contains(model)
+        {
+            return Err(Refusal::answer(Denial::AccessDenied(format!(
+                "model `{}` is not allowed by the operator's policy (allowed: [{}]); ask for no model to get the default",
+                crate::text::bounded(model, 64),
+                services
+                    .allowed_models
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))));
+        }
         let index = self.next_call;
         self.next_call += 1;
-        let request_digest = sha256_hex(
-            serde_json::to_string(&request)
-                .unwrap_or_default()
-                .as_bytes(),
-        );
+        let request_digest = request.digest();
         let recorded = services
             .journal
             .model_call_get(&inv.run_id, &inv.stage, index)
@@ -101,20 +126,21 @@ impl ModelCapability {
                 now: request_digest,
             };
             return Err(Refusal::failing(
-                ModelError::Rejected(failure.to_string()),
+                Denial::Rejected(failure.to_string()),
                 failure,
             ));
         }
         crate::crash::point("after_model_call");
         if answer.rejected {
-            return Err(Refusal::answer(ModelError::Rejected(answer.response)));
+            return Err(Refusal::answer(Denial::Rejected(answer.response)));
         }
-        Ok(answer.response)
+        Ok(answer)
     }
 }
 
-/// Asks the backend, then journals canonical-first and returns the stored
-/// row, not the fresh answer: a racing attempt may have recorded first.
+/// Asks the backend, checks the answer against the request's schema, then
+/// journals canonical-first and returns the stored row, not the fresh
+/// answer: a racing attempt may have recorded first.
 async fn ask_and_journal(
     services: &Services,
     inv: &Invocation,
@@ -122,19 +148,29 @@ async fn ask_and_journal(
     index: i64,
     request_digest: &str,
 ) -> Result<ModelCall, Refusal> {
+    let unavailable =
+        |m: String| Refusal::failing(Denial::Unavailable(m.clone()), HostFailure::Model(m));
     // A refusal is journaled like an answer: it used this call index, and a
     // retry must meet it there, or its later calls would no longer line up
     // with the journal.
-    let (response, rejected, usage) = match services.model.generate(request).await {
-        Ok(answer) => (answer.text, false, answer.usage),
-        Err(BackendError::Unavailable(m)) => {
-            return Err(Refusal::failing(
-                ModelError::Unavailable(m.clone()),
-                HostFailure::Model(m),
-            ));
-        }
-        Err(BackendError::Rejected(m)) => (m, true, None),
-    };
+    let (response, rejected, usage, finish_reason, model) =
+        match services.model.generate(request).await {
+            Ok(answer) => {
+                if let ResponseFormat::Json { schema, .. } = &request.format {
+                    schema.check(&answer.text).map_err(unavailable)?;
+                }
+                let model = answer.model.map(|m| crate::text::bounded(&m, 200));
+                (
+                    answer.text,
+                    false,
+                    answer.usage,
+                    Some(answer.finish_reason),
+                    model,
+                )
+            }
+            Err(BackendError::Unavailable(m)) => return Err(unavailable(m)),
+            Err(BackendError::Rejected(m)) => (m, true, None, None, None),
+        };
     let put = ModelCallPut {
         run_id: inv.run_id.clone(),
         stage: inv.stage.clone(),
@@ -145,6 +181,8 @@ async fn ask_and_journal(
         attempt: inv.attempt,
         now: services.clock.now_ms(),
         usage,
+        finish_reason,
+        model,
     };
     services
         .journal
@@ -157,22 +195,27 @@ async fn ask_and_journal(
 /// unavailable, and the attempt fails (and is retried) whatever it does.
 fn journal_unavailable(e: StoreError) -> Refusal {
     Refusal::failing(
-        ModelError::Unavailable("model journal unavailable".into()),
+        Denial::Unavailable("model journal unavailable".into()),
         HostFailure::Journal(e.to_string()),
     )
 }
 
-impl Host for HostState {
-    async fn generate(&mut self, request: Request) -> wasmtime::Result<Result<String, ModelError>> {
+impl HostState {
+    /// One model call from either contract: counted, answered, and a
+    /// failure the plugin cannot swallow kept for the attempt.
+    async fn model_call(
+        &mut self,
+        request: Result<ModelRequest, Denial>,
+    ) -> wasmtime::Result<Result<ModelCall, Denial>> {
         let Some(call) = self.call.as_mut() else {
-            return Ok(Err(ModelError::AccessDenied(
+            return Ok(Err(Denial::AccessDenied(
                 "no model during `describe`".into(),
             )));
         };
         call.count_call()?;
-        let request = ModelRequest {
-            prompt: request.prompt,
-            max_tokens: request.max_tokens,
+        let request = match request {
+            Ok(request) => request,
+            Err(denial) => return Ok(Err(denial)),
         };
         match call.model.generate(&call.inv, request).await {
             Ok(answer) => Ok(Ok(answer)),
@@ -184,6 +227,98 @@ impl Host for HostState {
             }
         }
     }
+}
+
+/// [`Denial`] as either contract's `model-error`.
+macro_rules! model_error {
+    ($v:ident, $denial:expr) => {{
+        use $v::ratchet::stage::model::ModelError;
+        match $denial {
+            Denial::AccessDenied(m) => ModelError::AccessDenied(m),
+            Denial::Unavailable(m) => ModelError::Unavailable(m),
+            Denial::Rejected(m) => ModelError::Rejected(m),
+        }
+    }};
+}
+
+impl v0_1::ratchet::stage::model::Host for HostState {
+    async fn generate(
+        &mut self,
+        request: v0_1::ratchet::stage::model::Request,
+    ) -> wasmtime::Result<Result<String, v0_1::ratchet::stage::model::ModelError>> {
+        let request = ModelRequest::prompt(request.prompt, request.max_tokens);
+        Ok(match self.model_call(Ok(request)).await? {
+            Ok(answer) => Ok(answer.response),
+            Err(denial) => Err(model_error!(v0_1, denial)),
+        })
+    }
+}
+
+impl v0_2::ratchet::stage::model::Host for HostState {
+    async fn generate(
+        &mut self,
+        request: v0_2::ratchet::stage::model::Request,
+    ) -> wasmtime::Result<
+        Result<v0_2::ratchet::stage::model::Answer, v0_2::ratchet::stage::model::ModelError>,
+    > {
+        use v0_2::ratchet::stage::model as wit;
+        let answer = self.model_call(chat_request(request)).await?;
+        Ok(match answer {
+            Ok(call) => Ok(wit::Answer {
+                text: call.response,
+                finish_reason: match call.finish_reason.unwrap_or_default() {
+                    FinishReason::Stop => wit::FinishReason::Stop,
+                    FinishReason::Length => wit::FinishReason::Length,
+                    FinishReason::ContentFilter => wit::FinishReason::ContentFilter,
+                    FinishReason::Other => wit::FinishReason::Other,
+                },
+                model: call.model.unwrap_or_default(),
+                usage: call.usage.map(|u| wit::Usage {
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                }),
+            }),
+            Err(denial) => Err(model_error!(v0_2, denial)),
+        })
+    }
+}
+
+/// A 0.2.0 request in the host's terms; a schema that is not one is
+/// refused before anything is asked or journaled.
+fn chat_request(request: v0_2::ratchet::stage::model::Request) -> Result<ModelRequest, Denial> {
+    use v0_2::ratchet::stage::model as wit;
+    let format = match request.response_format {
+        wit::ResponseFormat::Text => ResponseFormat::Text,
+        wit::ResponseFormat::Json(json) => ResponseFormat::Json {
+            schema: Schema::parse(&json.schema).map_err(|e| {
+                Denial::Rejected(format!(
+                    "response format `{}`: {e}",
+                    crate::text::bounded(&json.name, 64)
+                ))
+            })?,
+            name: json.name,
+        },
+    };
+    Ok(ModelRequest {
+        messages: request
+            .messages
+            .into_iter()
+            .map(|m| Message {
+                role: match m.role {
+                    wit::Role::System => Role::System,
+                    wit::Role::User => Role::User,
+                    wit::Role::Assistant => Role::Assistant,
+                },
+                content: m.content,
+            })
+            .collect(),
+        model: request.model,
+        temperature: request.temperature,
+        top_p: request.top_p,
+        stop: request.stop,
+        max_tokens: request.max_tokens,
+        format,
+    })
 }
 
 /// The capability on its own, with a journal and a backend that stand in
@@ -231,6 +366,8 @@ mod tests {
                 rejected: m.rejected,
                 attempt: m.attempt,
                 usage: m.usage,
+                finish_reason: m.finish_reason,
+                model: m.model,
             });
             Ok(stored.clone())
         }
@@ -275,6 +412,7 @@ mod tests {
             journal: journal.clone(),
             model: backend.clone(),
             clock: Arc::new(ManualClock::new(0)),
+            allowed_models: Arc::new(["small".to_string()].into()),
         };
         Rig {
             journal,
@@ -289,14 +427,12 @@ mod tests {
             stage: "draft".into(),
             attempt: n,
             idempotency_key: "run/draft".into(),
+            started_at_ms: 0,
         }
     }
 
     fn request(prompt: &str) -> ModelRequest {
-        ModelRequest {
-            prompt: prompt.into(),
-            max_tokens: None,
-        }
+        ModelRequest::prompt(prompt, None)
     }
 
     fn report(model: &ModelCapability) -> ExecReport {
@@ -322,7 +458,7 @@ mod tests {
             .await
             .expect("replay");
         assert_eq!(
-            (answer.as_str(), replayed.as_str()),
+            (answer.response.as_str(), replayed.response.as_str()),
             ("answer 1", "answer 1")
         );
         assert_eq!(rig.backend.0.load(Ordering::SeqCst), 1, "asked once");
@@ -346,7 +482,7 @@ mod tests {
             .generate(&attempt(2), request("q"))
             .await
             .expect_err("refused");
-        assert!(matches!(refusal.answer, ModelError::Rejected(_)));
+        assert!(matches!(refusal.answer, Denial::Rejected(_)));
         let failure = refusal.failure.expect("the attempt fails");
         assert!(matches!(
             failure,
@@ -367,7 +503,7 @@ mod tests {
             .generate(&attempt(1), request("p"))
             .await
             .expect_err("refused");
-        assert!(matches!(refusal.answer, ModelError::Unavailable(_)));
+        assert!(matches!(refusal.answer, Denial::Unavailable(_)));
         assert!(matches!(refusal.failure, Some(HostFailure::Journal(_))));
         assert!(refusal.failure.is_some_and(|f| f.is_retryable()));
         assert_eq!(rig.backend.0.load(Ordering::SeqCst), 0);
@@ -383,9 +519,52 @@ mod tests {
             .generate(&attempt(1), request("p"))
             .await
             .expect_err("refused");
-        assert!(matches!(refusal.answer, ModelError::AccessDenied(_)));
+        assert!(matches!(refusal.answer, Denial::AccessDenied(_)));
         assert!(refusal.failure.is_none(), "the plugin decides what to do");
         assert_eq!(rig.backend.0.load(Ordering::SeqCst), 0);
         assert!(crate::lock(&rig.journal.calls).is_empty());
+    }
+
+    /// A schema request whose answer does not fit: the plugin is told the
+    /// model is unavailable, the attempt fails retryably, and nothing is
+    /// journaled, so the retry asks again. Seen failing with the check
+    /// removed (the answer `answer 1` journaled and handed over).
+    #[tokio::test]
+    async fn an_answer_that_does_not_fit_its_schema_is_not_kept() {
+        let rig = rig();
+        let mut request = request("p");
+        request.format = ResponseFormat::Json {
+            name: "n".into(),
+            schema: Schema::parse(r#"{"type": "integer"}"#).expect("schema"),
+        };
+        let mut model = ModelCapability::new(true, &rig.services);
+        let refusal = model
+            .generate(&attempt(1), request)
+            .await
+            .expect_err("refused");
+        assert!(matches!(&refusal.answer, Denial::Unavailable(m) if m.contains("not JSON")));
+        assert!(refusal.failure.is_some_and(|f| f.is_retryable()));
+        assert!(crate::lock(&rig.journal.calls).is_empty());
+    }
+
+    /// A model the policy does not list is denied before anything is asked
+    /// or journaled. Seen failing with the allow-list unchecked.
+    #[tokio::test]
+    async fn a_model_the_operator_does_not_allow_is_denied() {
+        let rig = rig();
+        let mut model = ModelCapability::new(true, &rig.services);
+        let mut asked = request("p");
+        asked.model = Some("huge".into());
+        let refusal = model
+            .generate(&attempt(1), asked.clone())
+            .await
+            .expect_err("denied");
+        assert!(
+            matches!(&refusal.answer, Denial::AccessDenied(m) if m.contains("allowed: [small]"))
+        );
+        assert!(refusal.failure.is_none());
+        asked.model = Some("small".into());
+        model.generate(&attempt(1), asked).await.expect("allowed");
+        assert_eq!(rig.backend.0.load(Ordering::SeqCst), 1);
     }
 }

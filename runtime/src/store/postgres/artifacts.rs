@@ -3,6 +3,7 @@
 use sqlx::{PgPool, Row};
 
 use super::*;
+use crate::llm::FinishReason;
 use crate::store::canonical::{self, CanonicalTx, ModelCallTx};
 
 /// One artifact, canonical-first, in a transaction of its own.
@@ -119,8 +120,9 @@ impl ModelCallTx for Canonical<'_> {
     async fn model_call_insert(&mut self, m: &ModelCallPut) -> Result<()> {
         sqlx::query(
             "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, rejected,
-                                         attempt, created_at, prompt_tokens, completion_tokens)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                         attempt, created_at, prompt_tokens, completion_tokens,
+                                         finish_reason, model)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
              ON CONFLICT (run_id, stage, call_index) DO NOTHING",
         )
         .bind(&m.run_id)
@@ -133,6 +135,8 @@ impl ModelCallTx for Canonical<'_> {
         .bind(m.now)
         .bind(m.usage.map(|u| i64::from(u.prompt_tokens)))
         .bind(m.usage.map(|u| i64::from(u.completion_tokens)))
+        .bind(m.finish_reason.map(FinishReason::as_str))
+        .bind(&m.model)
         .execute(&mut *self.0)
         .await?;
         Ok(())

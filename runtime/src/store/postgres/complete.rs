@@ -174,7 +174,10 @@ async fn in_one_call(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutc
     crate::crash::point_per_attempt("after_persist", live.len());
     crate::crash::point("after_outbox_insert");
     let rows = query.fetch_all(&store.pool).await?;
-    let lease_expires_at = b.claim.as_ref().map_or(0, |c| c.now + c.lease_ms);
+    let lease = b
+        .claim
+        .as_ref()
+        .map_or((0, 0), |c| (c.now, c.now + c.lease_ms));
     let (mut satisfied, mut ready) = (Vec::new(), Vec::new());
     let mut claimed = rows::ClaimedRows::default();
     for row in &rows {
@@ -182,7 +185,7 @@ async fn in_one_call(store: &PostgresStore, b: &JobBatch) -> Result<JobBatchOutc
             "satisfied" => satisfied.push(rows::edge_satisfied(row)?),
             "ready" => ready.push((row.text("run_id")?, row.text("to_stage")?)),
             kind @ ("claimed" | "taken_over") => {
-                let mut job = rows::claimed_job(row, row.int("id")?, lease_expires_at)?;
+                let mut job = rows::claimed_job(row, row.int("id")?, lease)?;
                 job.taken_over = kind == "taken_over";
                 claimed.job(job.job_id, job);
             }

@@ -82,11 +82,12 @@ pub(super) async fn claim_tx(tx: &mut Tx, c: &JobClaim) -> Result<Vec<ClaimedJob
 }
 
 async fn claim_rows(tx: &mut Tx, c: &JobClaim, query: PgQuery<'_>) -> Result<Vec<ClaimedJob>> {
-    let lease_expires_at = c.now + c.lease_ms;
+    let (claimed_at, lease_expires_at) = (c.now, c.now + c.lease_ms);
     let rows = query.fetch_all(&mut **tx).await?;
     rows.iter()
         .map(|row| {
-            let mut job = rows::claimed_job(row, row.try_get("id")?, lease_expires_at)?;
+            let mut job =
+                rows::claimed_job(row, row.try_get("id")?, (claimed_at, lease_expires_at))?;
             job.taken_over = row.try_get("taken_over")?;
             Ok(job)
         })
@@ -185,7 +186,7 @@ impl PostgresStore {
 pub(super) async fn leased_to(pool: &sqlx::PgPool, worker: &str) -> Result<Vec<ClaimedJob>> {
     let rows = sqlx::query(
         "SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits, lists,
-                lease_expires_at
+                lease_expires_at, updated_at
          FROM jobs WHERE state = 'running' AND lease_owner = $1 ORDER BY id",
     )
     .bind(worker)
@@ -193,8 +194,10 @@ pub(super) async fn leased_to(pool: &sqlx::PgPool, worker: &str) -> Result<Vec<C
     .await?;
     rows.iter()
         .map(|row| {
+            // Set by the claim (a lease renewal leaves it).
+            let claimed_at = row.try_get("updated_at")?;
             let (id, lease) = (row.try_get("id")?, row.try_get("lease_expires_at")?);
-            rows::claimed_job(row, id, lease)
+            rows::claimed_job(row, id, (claimed_at, lease))
         })
         .collect()
 }

@@ -21,8 +21,8 @@ impl PluginPutTx for Putting<'_> {
     async fn plugin_insert(&mut self, p: &PluginPut) -> Result<bool> {
         let inserted = sqlx::query(
             "INSERT INTO plugins (digest, name, version, version_key, manifest, component, size,
-                                  registered_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+                                  registered_at, contract)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
         )
         .bind(&p.digest)
         .bind(&p.name)
@@ -32,6 +32,7 @@ impl PluginPutTx for Putting<'_> {
         .bind(&p.component)
         .bind(p.component.len() as i64)
         .bind(p.now)
+        .bind(&p.contract)
         .execute(&mut **self.0)
         .await?
         .rows_affected();
@@ -65,7 +66,7 @@ pub(super) async fn get(store: &PostgresStore, digest: &str) -> Result<Option<Pl
 
 pub(super) async fn list(store: &PostgresStore) -> Result<Vec<PluginSummary>> {
     let rows = sqlx::query(
-        "SELECT digest, name, version, manifest, size, registered_at, yanked
+        "SELECT digest, name, version, manifest, size, registered_at, yanked, contract
          FROM plugins ORDER BY name, registered_at",
     )
     .fetch_all(&store.pool)

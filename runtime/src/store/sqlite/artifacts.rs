@@ -3,6 +3,7 @@
 use sqlx::{Row, SqlitePool};
 
 use super::*;
+use crate::llm::FinishReason;
 use crate::store::canonical::{self, CanonicalTx, ModelCallTx};
 
 pub(super) const META_COLUMNS: &str =
@@ -133,8 +134,9 @@ impl ModelCallTx for Canonical<'_> {
     async fn model_call_insert(&mut self, m: &ModelCallPut) -> Result<()> {
         sqlx::query(
             "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, rejected,
-                                         attempt, created_at, prompt_tokens, completion_tokens)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                         attempt, created_at, prompt_tokens, completion_tokens,
+                                         finish_reason, model)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (run_id, stage, call_index) DO NOTHING",
         )
         .bind(&m.run_id)
@@ -147,6 +149,8 @@ impl ModelCallTx for Canonical<'_> {
         .bind(m.now)
         .bind(m.usage.map(|u| i64::from(u.prompt_tokens)))
         .bind(m.usage.map(|u| i64::from(u.completion_tokens)))
+        .bind(m.finish_reason.map(FinishReason::as_str))
+        .bind(&m.model)
         .execute(&mut *self.0)
         .await?;
         Ok(())

@@ -183,7 +183,7 @@ async fn claim_among(
     sql: &str,
     digests: &[String],
 ) -> Result<Vec<ClaimedJob>> {
-    let lease_expires_at = c.now + c.lease_ms;
+    let (claimed_at, lease_expires_at) = (c.now, c.now + c.lease_ms);
     let claim = serde_json::json!({
         "now": c.now,
         "only_job": c.only_job,
@@ -201,7 +201,8 @@ async fn claim_among(
         let n: i64 = row.try_get("claimed")?;
         match row.try_get::<String, _>("kind")?.as_str() {
             "job" => {
-                let mut job = rows::claimed_job(row, row.try_get("id")?, lease_expires_at)?;
+                let mut job =
+                    rows::claimed_job(row, row.try_get("id")?, (claimed_at, lease_expires_at))?;
                 job.taken_over = row.try_get::<i64, _>("expired")? == 1;
                 claimed.job(n, job);
             }
@@ -215,7 +216,7 @@ async fn claim_among(
 pub(super) async fn leased_to(pool: &sqlx::SqlitePool, worker: &str) -> Result<Vec<ClaimedJob>> {
     let rows = sqlx::query(concat!(
         "SELECT id, run_id, stage, plugin_digest, attempt, max_attempts, outputs, emits, lists,
-                lease_expires_at
+                lease_expires_at, updated_at
          FROM jobs WHERE state = 'running' AND ",
         live!(),
         " AND lease_owner = ? ORDER BY id"
@@ -225,8 +226,10 @@ pub(super) async fn leased_to(pool: &sqlx::SqlitePool, worker: &str) -> Result<V
     .await?;
     rows.iter()
         .map(|row| {
+            // Set by the claim (a lease renewal leaves it).
+            let claimed_at = row.try_get("updated_at")?;
             let (id, lease) = (row.try_get("id")?, row.try_get("lease_expires_at")?);
-            rows::claimed_job(row, id, lease)
+            rows::claimed_job(row, id, (claimed_at, lease))
         })
         .collect()
 }

@@ -5,7 +5,8 @@ use sqlx::Row;
 use super::*;
 use crate::store::registration::{self, PluginPutTx, VersionKeys};
 
-const SUMMARY_COLUMNS: &str = "digest, name, version, manifest, size, registered_at, yanked";
+const SUMMARY_COLUMNS: &str =
+    "digest, name, version, manifest, size, registered_at, yanked, contract";
 
 pub(super) async fn put(store: &SqliteStore, p: PluginPut) -> Result<PluginPutOutcome> {
     let mut writer = store.writer.lock().await;
@@ -24,8 +25,8 @@ impl PluginPutTx for Putting<'_, '_> {
     async fn plugin_insert(&mut self, p: &PluginPut) -> Result<bool> {
         let inserted = sqlx::query(
             "INSERT INTO plugins (digest, name, version, version_key, manifest, component, size,
-                                  registered_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                                  registered_at, contract)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
         )
         .bind(&p.digest)
         .bind(&p.name)
@@ -35,6 +36,7 @@ impl PluginPutTx for Putting<'_, '_> {
         .bind(&p.component)
         .bind(p.component.len() as i64)
         .bind(p.now)
+        .bind(&p.contract)
         .execute(&mut **self.0)
         .await?
         .rows_affected();

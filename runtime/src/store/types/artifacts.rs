@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::Payload;
-use crate::llm::Usage;
+use crate::llm::{FinishReason, Usage};
 
 #[derive(Debug, Clone)]
 pub struct LoadedInput {
@@ -68,6 +68,10 @@ pub struct ModelCallPut {
     pub now: i64,
     /// The tokens the backend counted for this answer, if it said.
     pub usage: Option<Usage>,
+    /// Why the answer ended (`None` for a refusal).
+    pub finish_reason: Option<FinishReason>,
+    /// The model that answered, as the backend named it.
+    pub model: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -84,4 +88,9 @@ pub struct ModelCall {
     pub attempt: i64,
     /// The tokens the backend counted for this answer, if it said.
     pub usage: Option<Usage>,
+    /// Why the answer ended; `None` for a refusal and for answers journaled
+    /// before contract 0.2.0.
+    pub finish_reason: Option<FinishReason>,
+    /// The model that answered, as the backend named it.
+    pub model: Option<String>,
 }

@@ -223,6 +223,8 @@ pub struct ClaimedJob {
     pub plugin_digest: String,
     pub attempt: i64,
     pub max_attempts: i64,
+    /// When this attempt was claimed (the clock's ms).
+    pub claimed_at: i64,
     pub lease_expires_at: i64,
     /// Claimed from an attempt whose lease expired (its worker died or
     /// stalled), not from the ready queue.
@@ -272,6 +274,7 @@ impl ClaimedJob {
             plugin_digest: "p".into(),
             attempt: 1,
             max_attempts: 3,
+            claimed_at: 0,
             lease_expires_at: 0,
             taken_over: false,
             outputs: Vec::new(),

@@ -10,6 +10,8 @@ pub struct PluginPut {
     pub version: String,
     pub manifest: String,
     pub component: Vec<u8>,
+    /// The version of Ratchet's contract the component speaks (`0.2.0`).
+    pub contract: String,
     pub now: i64,
 }
 
@@ -36,6 +38,8 @@ pub struct PluginSummary {
     #[schema(value_type = String, format = DateTime)]
     pub registered_at: i64,
     pub yanked: bool,
+    /// The version of Ratchet's contract the component speaks (`0.2.0`).
+    pub contract: String,
 }
 
 /// One registered version, without its manifest or component: what

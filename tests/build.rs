@@ -3,6 +3,10 @@
 //! `RATCHET_PYTHON_HEADLINE`. Without the tool the path is empty and the
 //! Python test says how to install it (and fails under `CI=true`).
 //!
+//! Builds the JavaScript stage in `plugins/javascript/` the same way with
+//! componentize-js (from npm; `.ci/run` installs it with `npm ci --prefix
+//! tests/js`) as `RATCHET_JS_HEADLINE`.
+//!
 //! Also builds, from WAT with wit-component, a hostile component Rust will
 //! not emit: one with two linear memories (`RATCHET_TWO_MEMORIES`).
 
@@ -45,7 +49,49 @@ fn main() {
         }
     };
     println!("cargo::rustc-env=RATCHET_PYTHON_HEADLINE={path}");
+    javascript(&root, &wit);
     two_memories(&wit);
+}
+
+/// `plugins/javascript/headline` with the componentize-js that `npm ci
+/// --prefix tests/js` installed. Its fetch and HTTP features are left out:
+/// the stage imports only Ratchet's contract and WASI 0.2's basics.
+fn javascript(root: &std::path::Path, wit: &std::path::Path) {
+    let stage = root.join("plugins/javascript/headline/stage.js");
+    let tool = root.join("tests/js/node_modules/.bin/componentize-js");
+    println!("cargo::rerun-if-changed={}", stage.display());
+    // npm writes this file on every install: a later `npm ci` builds anew.
+    println!(
+        "cargo::rerun-if-changed={}",
+        root.join("tests/js/node_modules/.package-lock.json")
+            .display()
+    );
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("headline-js.wasm");
+    let path = if tool.exists() {
+        let built = Command::new("node")
+            .arg(&tool)
+            .arg(&stage)
+            .arg("--wit")
+            .arg(wit)
+            .args(["--world-name", "stage", "-d", "http", "fetch-event", "-o"])
+            .arg(&out)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run node for componentize-js: {e}"));
+        if !built.status.success() {
+            panic!(
+                "componentize-js failed to build plugins/javascript/headline:\n{}{}",
+                String::from_utf8_lossy(&built.stdout),
+                String::from_utf8_lossy(&built.stderr)
+            );
+        }
+        out.display().to_string()
+    } else {
+        println!(
+            "cargo::warning=componentize-js not installed; the JavaScript stage test will be skipped (npm ci --prefix tests/js)"
+        );
+        String::new()
+    };
+    println!("cargo::rustc-env=RATCHET_JS_HEADLINE={path}");
 }
 
 /// A stage whose core module defines two linear memories and whose `run`

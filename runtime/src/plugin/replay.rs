@@ -13,36 +13,85 @@
 //! Guest randomness is therefore predictable from the run's and stage's
 //! names: a stage must not make secrets from it.
 
+use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
-use rand::SeedableRng;
 use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng, TryRng};
 use sha2::{Digest, Sha256};
 use wasmtime_wasi::{HostWallClock, WasiCtxBuilder};
 
 use super::Invocation;
 
-/// Installs the attempt's clock and generators.
+/// Installs the attempt's clock and generators. One hash is taken per
+/// attempt (the insecure seed needs its value up front); a generator is
+/// seeded at its first draw, so a stage that draws nothing pays nothing
+/// more.
 pub(super) fn install(wasi: &mut WasiCtxBuilder, inv: &Invocation) {
-    let seed = |purpose: &str| seed(purpose, &inv.run_id, &inv.stage);
-    let insecure_seed = seed("insecure-seed");
+    let stage = stage_seed(&inv.run_id, &inv.stage);
     let mut half = [0u8; 16];
-    half.copy_from_slice(&insecure_seed[..16]);
-    wasi.secure_random(StdRng::from_seed(seed("secure")))
-        .insecure_random(StdRng::from_seed(seed("insecure")))
+    half.copy_from_slice(&stage[..16]);
+    wasi.secure_random(SeededOnDraw::new(stage, "secure"))
+        .insecure_random(SeededOnDraw::new(stage, "insecure"))
         .insecure_random_seed(u128::from_le_bytes(half))
         .wall_clock(ReplayedWallClock::new(inv.started_at_ms));
 }
 
-/// 32 bytes for one purpose of one stage of one run: each name is
-/// length-prefixed, so (`ab`, `c`) and (`a`, `bc`) seed differently.
-fn seed(purpose: &str, run_id: &str, stage: &str) -> [u8; 32] {
+/// 32 bytes for one stage of one run: each name is length-prefixed, so
+/// (`ab`, `c`) and (`a`, `bc`) seed differently.
+fn stage_seed(run_id: &str, stage: &str) -> [u8; 32] {
     let mut hash = Sha256::new();
-    for part in ["ratchet-replay-v1", purpose, run_id, stage] {
+    for part in ["ratchet-replay-v1", run_id, stage] {
         hash.update((part.len() as u64).to_le_bytes());
         hash.update(part.as_bytes());
     }
     hash.finalize().into()
+}
+
+/// A generator seeded by (stage seed, purpose) when first drawn from.
+struct SeededOnDraw {
+    stage: [u8; 32],
+    purpose: &'static str,
+    rng: Option<StdRng>,
+}
+
+impl SeededOnDraw {
+    fn new(stage: [u8; 32], purpose: &'static str) -> Self {
+        Self {
+            stage,
+            purpose,
+            rng: None,
+        }
+    }
+
+    fn rng(&mut self) -> &mut StdRng {
+        let (stage, purpose) = (self.stage, self.purpose);
+        self.rng.get_or_insert_with(|| {
+            let seed: [u8; 32] = Sha256::new()
+                .chain_update(stage)
+                .chain_update(purpose.as_bytes())
+                .finalize()
+                .into();
+            StdRng::from_seed(seed)
+        })
+    }
+}
+
+impl TryRng for SeededOnDraw {
+    type Error = Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Infallible> {
+        Ok(self.rng().next_u32())
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Infallible> {
+        Ok(self.rng().next_u64())
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Infallible> {
+        self.rng().fill_bytes(dst);
+        Ok(())
+    }
 }
 
 /// The first attempt's start, advanced by this attempt's running time.
@@ -74,14 +123,19 @@ impl HostWallClock for ReplayedWallClock {
 mod tests {
     use super::*;
 
+    fn draws(run: &str, stage: &str, purpose: &'static str) -> [u64; 2] {
+        let mut rng = SeededOnDraw::new(stage_seed(run, stage), purpose);
+        [rng.next_u64(), rng.next_u64()]
+    }
+
     /// Seen failing with the names concatenated without their lengths.
     #[test]
     fn seeds_tell_stages_and_runs_apart() {
-        let a = seed("secure", "run", "draft");
-        assert_eq!(a, seed("secure", "run", "draft"), "same stage, same seed");
-        assert_ne!(a, seed("secure", "run", "drafts"));
-        assert_ne!(a, seed("insecure", "run", "draft"));
-        assert_ne!(seed("secure", "ab", "c"), seed("secure", "a", "bc"));
+        let a = draws("run", "draft", "secure");
+        assert_eq!(a, draws("run", "draft", "secure"), "same stage, same draws");
+        assert_ne!(a, draws("run", "drafts", "secure"));
+        assert_ne!(a, draws("run", "draft", "insecure"));
+        assert_ne!(stage_seed("ab", "c"), stage_seed("a", "bc"));
     }
 
     #[test]

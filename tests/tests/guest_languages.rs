@@ -1,8 +1,9 @@
-//! A stage written in Python (componentize-py, `plugins/python/headline`)
-//! beside Rust stages: a real worker process dies right after the Python
-//! stage's model call; the restarted worker replays the journaled answer and
-//! the pipeline continues from the stored canonical headline. The 18 MB
-//! component is compiled once and loaded precompiled afterwards.
+//! Stages written in Python (componentize-py, `plugins/python/headline`) and
+//! JavaScript (componentize-js, `plugins/javascript/headline`) beside Rust
+//! stages: a real worker process dies right after the guest stage's model
+//! call; the restarted worker replays the journaled answer and the pipeline
+//! continues from the stored canonical headline. The large components (18
+//! and 12 MB) are compiled once and loaded precompiled afterwards.
 
 use std::sync::Arc;
 
@@ -15,44 +16,60 @@ use ratchet_tests::{Backend, Harness, output, ratchet, shared_component_cache};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
 
-const PIPELINE: &str = r#"
-name = "python-beside-rust"
+/// The guest's `headline` between two Rust stages.
+fn pipeline(headline: &str) -> String {
+    format!(
+        r#"
+name = "{headline}-beside-rust"
 [[stage]]
 name = "draft"
 plugin = "draft@^1"
-inputs = { topic = "$input" }
+inputs = {{ topic = "$input" }}
 
 [[stage]]
 name = "headline"
-plugin = "headline@^1"
-inputs = { draft = "draft.draft" }
+plugin = "{headline}@^1"
+inputs = {{ draft = "draft.draft" }}
 
 [[stage]]
 name = "verify"
 plugin = "verify@^1"
-inputs = { draft = "headline.headline" }
-"#;
+inputs = {{ draft = "headline.headline" }}
+"#
+    )
+}
 
-/// The component built by `tests/build.rs`, or `None` (a skip, or a
-/// failure under `CI=true`) when componentize-py is not installed.
-fn headline_component() -> Option<Vec<u8>> {
-    let path = env!("RATCHET_PYTHON_HEADLINE");
+/// The component `tests/build.rs` built at `path`, or `None` (a skip, or a
+/// failure under `CI=true`) when its tool is not installed.
+fn component(path: &str, install: &str) -> Option<Vec<u8>> {
     if path.is_empty() {
         let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-        assert!(!ci, "CI=true and componentize-py is not installed");
-        eprintln!(
-            "skipping the Python stage test: pip install componentize-py==0.25.1, then rebuild"
-        );
+        assert!(!ci, "CI=true and the tool is not installed: {install}");
+        eprintln!("skipping a guest language's test: {install}, then rebuild");
         return None;
     }
-    Some(std::fs::read(path).expect("built Python component"))
+    Some(std::fs::read(path).expect("built component"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_stage_survives_a_crash_after_its_model_call() {
-    let Some(component) = headline_component() else {
-        return;
-    };
+    let install = "pip install componentize-py==0.25.1";
+    if let Some(component) = component(env!("RATCHET_PYTHON_HEADLINE"), install) {
+        survives_a_crash_after_its_model_call(component, "headline").await;
+    }
+}
+
+/// Seen failing with the stage encoding the answer record instead of its
+/// text, as if it were 0.1.0's string: `[object Object]` was committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_javascript_stage_survives_a_crash_after_its_model_call() {
+    let install = "npm ci --prefix tests/js";
+    if let Some(component) = component(env!("RATCHET_JS_HEADLINE"), install) {
+        survives_a_crash_after_its_model_call(component, "headline-js").await;
+    }
+}
+
+async fn survives_a_crash_after_its_model_call(component: Vec<u8>, plugin: &str) {
     let mut h = Harness::on(Backend::Sqlite, Arc::new(SystemClock))
         .await
         .expect("sqlite");
@@ -60,11 +77,11 @@ async fn a_python_stage_survives_a_crash_after_its_model_call() {
     let headline =
         registry::plugin_register(h.store.as_ref(), &h.host, component, h.clock.as_ref())
             .await
-            .expect("the Python stage registers");
-    assert_eq!(headline.manifest.name, "headline");
-    let run = h.submit(PIPELINE, b"Python stages").await;
+            .expect("the guest stage registers");
+    assert_eq!(headline.manifest.name, plugin);
+    let run = h.submit(&pipeline(plugin), b"guest stages").await;
 
-    // The first model call (draft's) passes; the second, the Python
+    // The first model call (draft's) passes; the second, the guest
     // stage's, is journaled and then the process dies.
     let mut doomed = ratchet(BIN, &h.url);
     doomed
@@ -79,7 +96,7 @@ async fn a_python_stage_survives_a_crash_after_its_model_call() {
         .model_call_get(&run, "headline", 0)
         .await
         .expect("journal")
-        .expect("the Python stage's answer was journaled before the crash");
+        .expect("the guest stage's answer was journaled before the crash");
 
     let mut survivor = ratchet(BIN, &h.url);
     survivor.args(["worker", "--until-idle", "--worker-id", "survivor"]);
@@ -112,7 +129,7 @@ async fn a_python_stage_survives_a_crash_after_its_model_call() {
     assert_eq!(
         h.json(&run, "verify", "report").await["draft_sha256"],
         sha256_hex(&stored.bytes).as_str(),
-        "verify (Rust) read the stored Python output"
+        "verify (Rust) read the stored guest output"
     );
     let report = h.audit().await;
     assert!(report.is_clean(), "audit: {:#?}", report.violations);

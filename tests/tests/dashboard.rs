@@ -282,6 +282,14 @@ async fn a_crashed_demo_run_shows_its_graph_its_replay_and_canonical_reads() {
         Some(tokens),
         "the call's tokens shown"
     );
+    assert_eq!(
+        (
+            b.attr(call, "data-model").await,
+            b.attr(call, "data-finish").await
+        ),
+        (Some("stochastic".into()), Some("stop".into())),
+        "the model that answered and why its answer ended"
+    );
 
     // Every succeeded attempt's read of a stored artifact is marked as the
     // canonical digest, and no read is marked otherwise.

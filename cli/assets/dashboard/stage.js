@@ -155,6 +155,8 @@ function journal(calls, attempts) {
           "data-asked-by": call.attempt,
           "data-replayed-to": replayed.join(" "),
           "data-tokens": call.usage ? `${call.usage.prompt_tokens}+${call.usage.completion_tokens}` : "",
+          "data-model": call.model ?? "",
+          "data-finish": call.finish_reason ?? "",
         },
         el(
           "div",
@@ -163,7 +165,9 @@ function journal(calls, attempts) {
           " · request ",
           digest(call.request_digest),
           ` · asked by attempt #${call.attempt}`,
+          call.model ? ` · ${call.model}` : null,
           call.usage ? ` · ${call.usage.prompt_tokens} + ${call.usage.completion_tokens} tokens` : null,
+          call.finish_reason && call.finish_reason !== "stop" ? ` · ended: ${call.finish_reason}` : null,
           replayed.length ? el("span", { class: "replayed" }, ` · replayed to attempt ${replayed.join(", ")}`) : null,
           call.rejected ? el("span", { class: "error" }, " · refused by the backend") : null,
         ),

@@ -281,6 +281,7 @@ impl ModelBackend for StochasticModel {
             }
             ResponseFormat::Text => announcement(request, &mut rng),
         };
+        let (text, finish_reason) = stopped(text, finish_reason, &request.stop);
         let prompt: String = request
             .messages
             .iter()
@@ -296,6 +297,22 @@ impl ModelBackend for StochasticModel {
             finish_reason,
             model: Some(self.name()),
         })
+    }
+}
+
+/// The text up to the first stop sequence it holds, which ends it.
+fn stopped(mut text: String, finish: FinishReason, stop: &[String]) -> (String, FinishReason) {
+    let first = stop
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| text.find(s.as_str()))
+        .min();
+    match first {
+        Some(at) => {
+            text.truncate(at);
+            (text, FinishReason::Stop)
+        }
+        None => (text, finish),
     }
 }
 
@@ -382,6 +399,18 @@ mod tests {
         digests.sort();
         digests.dedup();
         assert_eq!(digests.len(), n, "each option changes the digest");
+    }
+
+    /// The built-in backend ends its answer before a stop sequence. Seen
+    /// failing with `stop` ignored (every announcement holds ` and `).
+    #[tokio::test]
+    async fn the_built_in_backend_honours_stop_sequences() {
+        let mut request = ModelRequest::prompt("Write about Ratchet.", None);
+        request.stop = vec![String::new(), " and ".into()];
+        let answer = StochasticModel.generate(&request).await.expect("answer");
+        assert!(!answer.text.contains(" and "), "{}", answer.text);
+        assert!(answer.text.contains("Ratchet"), "{}", answer.text);
+        assert_eq!(answer.finish_reason, FinishReason::Stop);
     }
 
     /// The built-in backend answers a schema with a value that fits it.

@@ -22,6 +22,8 @@ const MAX_DEPTH: usize = 12;
 const MAX_NODES: usize = 10_000;
 /// Samples tried before giving up on a schema.
 const TRIES: usize = 16;
+/// Longest schema a stage may send, in bytes of JSON text.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 
 /// A compiled schema, compared and digested as its JSON value.
 #[derive(Clone)]
@@ -52,6 +54,12 @@ impl Schema {
     /// Parses and compiles a schema given as JSON text; the error says what
     /// is wrong with it.
     pub fn parse(text: &str) -> Result<Self, String> {
+        if text.len() > MAX_SCHEMA_BYTES {
+            return Err(format!(
+                "the schema is {} bytes; a schema is at most {MAX_SCHEMA_BYTES}",
+                text.len()
+            ));
+        }
         let value: Value =
             serde_json::from_str(text).map_err(|e| format!("the schema is not JSON: {e}"))?;
         Self::new(value)
@@ -467,6 +475,9 @@ mod tests {
         assert!(err.contains("not a valid JSON Schema"), "{err}");
         let err = Schema::parse("not json").expect_err("not JSON");
         assert!(err.contains("not JSON"), "{err}");
+        let huge = format!("{{\"description\": \"{}\"}}", "x".repeat(MAX_SCHEMA_BYTES));
+        let err = Schema::parse(&huge).expect_err("too long");
+        assert!(err.contains("at most 65536"), "{err}");
     }
 
     /// Seen failing with `check` returning Ok for any JSON.

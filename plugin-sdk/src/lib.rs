@@ -157,18 +157,13 @@ impl Context {
     where
         T: serde::de::DeserializeOwned + schemars::JsonSchema,
     {
-        let schema = schemars::schema_for!(T);
-        let value = serde_json::to_value(&schema).map_err(|e| {
-            Error::fatal(format!(
-                "the schema of `{}` cannot be encoded: {e}",
-                T::schema_name()
-            ))
-        })?;
-        let answer = self.structured_value(chat, &T::schema_name(), &value)?;
+        let name = T::schema_name();
+        let schema = serde_json::to_value(schemars::schema_for!(T))
+            .map_err(|e| Error::fatal(format!("the schema of `{name}` cannot be encoded: {e}")))?;
+        let answer = self.structured_value(chat, &name, &schema)?;
         serde_json::from_value(answer).map_err(|e| {
             Error::fatal(format!(
-                "an answer that fits the schema of `{}` does not decode as it: {e}",
-                T::schema_name()
+                "an answer that fits the schema of `{name}` does not decode as it: {e}"
             ))
         })
     }

@@ -13,7 +13,8 @@ use crate::{BadInput, Env, when};
 use ratchet_runtime::client::RunDetail;
 use ratchet_runtime::relay::Sinks;
 use ratchet_runtime::store::{
-    AttemptRow, DeliveryFilter, JobRow, JobState, ModelCall, PluginSummary, RunQuery, RunRow, map,
+    AttemptRow, CallKind, DeliveryFilter, JobRow, JobState, ModelCall, PluginSummary, RunQuery,
+    RunRow, map,
 };
 use ratchet_runtime::text::escape_controls;
 
@@ -272,16 +273,22 @@ pub async fn status(env: &Env, run: Option<&str>, elements: bool, json: bool) ->
     Ok(ExitCode::SUCCESS)
 }
 
-/// Journaled model calls and the tokens their backends counted.
+/// Journaled model calls and the tokens their backends counted, and
+/// journaled HTTP requests.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 struct ModelUse {
     calls: u64,
     prompt_tokens: u64,
     completion_tokens: u64,
+    http_requests: u64,
 }
 
 impl ModelUse {
     fn add(&mut self, call: &ModelCall) {
+        if call.kind == CallKind::Http {
+            self.http_requests += 1;
+            return;
+        }
         self.calls += 1;
         let usage = call.usage.unwrap_or_default();
         self.prompt_tokens += u64::from(usage.prompt_tokens);
@@ -295,7 +302,11 @@ impl std::fmt::Display for ModelUse {
             f,
             "{} call(s), {} prompt and {} completion tokens",
             self.calls, self.prompt_tokens, self.completion_tokens
-        )
+        )?;
+        if self.http_requests > 0 {
+            write!(f, ", {} HTTP request(s)", self.http_requests)?;
+        }
+        Ok(())
     }
 }
 

@@ -5,15 +5,18 @@
 //! The stage speaks contract `ratchet:stage@0.2.0`: chat models with
 //! structured output ([`Chat`], [`Context::structured`]), and a clock and
 //! random numbers that replay on a retry ([`Context::now`],
-//! [`Context::random_u64`]).
+//! [`Context::random_u64`]), and journaled HTTP to allow-listed hosts
+//! ([`Context::http`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::SystemTime;
 
 mod chat;
+mod http;
 
 pub use chat::{Chat, Reply};
+pub use http::{HttpRequest, HttpResponse};
 
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
@@ -179,6 +182,25 @@ impl Context {
         let reply = self.chat(&chat.clone().json_schema(name, schema))?;
         serde_json::from_str(&reply.text)
             .map_err(|e| Error::fatal(format!("the answer for `{name}` is not JSON: {e}")))
+    }
+
+    /// Sends an HTTP request through the host and waits for the whole
+    /// response. The manifest asks for `http` and lists the host in
+    /// `allowed_hosts`; the host journals the response, so a retry is
+    /// handed the recorded one and the server is asked once. A request the
+    /// host denies fails fatally; one the network fails, retryably.
+    pub fn http(&self, request: &HttpRequest) -> Result<HttpResponse, Error> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            match &self.sim {
+                Some(sim) => sim.borrow_mut().http(request),
+                None => Err(Error::fatal(
+                    "HTTP needs the host: run the stage as a component, or natively under testing::Harness",
+                )),
+            }
+        }
+        #[cfg(target_arch = "wasm32")]
+        http::send(request)
     }
 
     /// The wall clock. It starts where the stage's first attempt started

@@ -41,13 +41,14 @@ use serde::Deserialize;
 
 use crate::bindings::ratchet::stage::model::{Answer, FinishReason, Request, ResponseFormat, Role};
 use crate::bindings::ratchet::stage::types;
-use crate::{Context, Error, Inputs, Level, ModelError, Stage};
+use crate::{Context, Error, HttpRequest, HttpResponse, Inputs, Level, ModelError, Stage};
 
 /// The simulated wall clock unless [`Harness::clock`] sets another:
 /// 2026-01-01T00:00:00Z.
 pub const DEFAULT_CLOCK: Duration = Duration::from_secs(1_767_225_600);
 
 type ModelFn = Box<dyn FnMut(u32, &str) -> Result<String, ModelError>>;
+type HttpFn = Box<dyn FnMut(u32, &HttpRequest) -> Result<HttpResponse, Error>>;
 
 /// What the runtime reads from a manifest; the rest is checked at
 /// registration.
@@ -63,6 +64,7 @@ struct Manifest {
 pub struct Harness<S: Stage> {
     inputs: Vec<types::Artifact>,
     model: ModelFn,
+    http: HttpFn,
     clock: SystemTime,
     crash_after: BTreeSet<u32>,
     max_attempts: u32,
@@ -80,6 +82,22 @@ pub enum Outcome {
     Failed(Error),
 }
 
+/// An HTTP request as the attempt saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpCall {
+    pub request: HttpRequest,
+    pub response: Result<HttpResponse, Error>,
+    /// Answered from the journal of an earlier attempt.
+    pub replayed: bool,
+}
+
+/// What the simulated journal holds at a call index (model calls and HTTP
+/// requests share it, as in the runtime).
+enum Recorded {
+    Answer(String),
+    Http(HttpResponse),
+}
+
 /// A model call as the attempt saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelCall {
@@ -94,6 +112,7 @@ pub struct Attempt {
     pub number: u32,
     pub outcome: Outcome,
     pub model_calls: Vec<ModelCall>,
+    pub http_calls: Vec<HttpCall>,
     pub logs: Vec<(Level, String)>,
 }
 
@@ -152,6 +171,12 @@ impl<S: Stage> Harness<S> {
         Self {
             inputs: Vec::new(),
             model: Box::new(|attempt, prompt| Ok(format!("answer {attempt}: {prompt}"))),
+            http: Box::new(|_, request| {
+                Err(Error::fatal(format!(
+                    "no recorded reply for {} {} (give one with Harness::http_reply)",
+                    request.method, request.url
+                )))
+            }),
             clock: SystemTime::UNIX_EPOCH + DEFAULT_CLOCK,
             crash_after: BTreeSet::new(),
             max_attempts: 5,
@@ -190,6 +215,31 @@ impl<S: Stage> Harness<S> {
         self
     }
 
+    /// The HTTP servers: called with the attempt number and the request
+    /// whenever the journal has no response yet at its call index.
+    pub fn http(
+        mut self,
+        server: impl FnMut(u32, &HttpRequest) -> Result<HttpResponse, Error> + 'static,
+    ) -> Self {
+        self.http = Box::new(server);
+        self
+    }
+
+    /// A recorded reply to `method url`; other requests keep the earlier
+    /// replies (or fail, when none matches).
+    pub fn http_reply(mut self, method: &str, url: &str, response: HttpResponse) -> Self {
+        let mut earlier = std::mem::replace(&mut self.http, Box::new(|_, _| unreachable!()));
+        let (method, url) = (method.to_string(), url.to_string());
+        self.http = Box::new(move |attempt, request| {
+            if request.method.eq_ignore_ascii_case(&method) && request.url == url {
+                Ok(response.clone())
+            } else {
+                earlier(attempt, request)
+            }
+        });
+        self
+    }
+
     /// What [`Context::now`] reads on every attempt (default
     /// [`DEFAULT_CLOCK`]): the host starts each attempt's clock where the
     /// first attempt's started.
@@ -222,14 +272,17 @@ impl<S: Stage> Harness<S> {
         };
         let sim = Rc::new(RefCell::new(SimHost {
             model: self.model,
+            http: self.http,
             clock: self.clock,
             draws: 0,
             journal: Vec::new(),
             grant_model: manifest.capabilities.iter().any(|c| c == "model"),
             grant_log: manifest.capabilities.iter().any(|c| c == "log"),
+            grant_http: manifest.capabilities.iter().any(|c| c == "http"),
             attempt: 0,
             next_call: 0,
             calls: Vec::new(),
+            http_calls: Vec::new(),
             logs: Vec::new(),
             host_failure: None,
         }));
@@ -249,7 +302,7 @@ impl<S: Stage> Harness<S> {
                 sim: Some(sim.clone()),
             };
             let result = S::run(&ctx, &inputs);
-            let (model_calls, logs, host_failure) = sim.borrow_mut().end();
+            let (model_calls, http_calls, logs, host_failure) = sim.borrow_mut().end();
             let outcome = match (host_failure, result) {
                 (Some(failure), _) => Outcome::Failed(failure),
                 (None, Err(e)) => Outcome::Failed(e),
@@ -277,6 +330,7 @@ impl<S: Stage> Harness<S> {
                 number,
                 outcome,
                 model_calls,
+                http_calls,
                 logs,
             });
             if done {
@@ -313,16 +367,19 @@ fn check_outputs(manifest: &Manifest, outputs: &[types::Artifact]) -> Result<(),
 #[doc(hidden)]
 pub struct SimHost {
     model: ModelFn,
+    http: HttpFn,
     clock: SystemTime,
     /// Random numbers drawn in this attempt.
     draws: u64,
     /// (request, answer) by call index: what the runtime journals.
-    journal: Vec<(String, String)>,
+    journal: Vec<(String, Recorded)>,
     grant_model: bool,
     grant_log: bool,
+    grant_http: bool,
     attempt: u32,
     next_call: usize,
     calls: Vec<ModelCall>,
+    http_calls: Vec<HttpCall>,
     logs: Vec<(Level, String)>,
     /// A failure the stage cannot swallow (non-determinism, an unavailable
     /// backend), as in the runtime.
@@ -350,9 +407,18 @@ impl SimHost {
         z ^ (z >> 31)
     }
 
-    fn end(&mut self) -> (Vec<ModelCall>, Vec<(Level, String)>, Option<Error>) {
+    #[allow(clippy::type_complexity)]
+    fn end(
+        &mut self,
+    ) -> (
+        Vec<ModelCall>,
+        Vec<HttpCall>,
+        Vec<(Level, String)>,
+        Option<Error>,
+    ) {
         (
             std::mem::take(&mut self.calls),
+            std::mem::take(&mut self.http_calls),
             std::mem::take(&mut self.logs),
             self.host_failure.take(),
         )
@@ -380,7 +446,7 @@ impl SimHost {
             replayed,
         });
         if let (Ok(answer), false) = (&result, replayed) {
-            self.journal.push((key, answer.clone()));
+            self.journal.push((key, Recorded::Answer(answer.clone())));
         }
         self.next_call += 1;
         result.map(|text| Answer {
@@ -398,15 +464,11 @@ impl SimHost {
             ));
         }
         if let Some((recorded, answer)) = self.journal.get(self.next_call) {
-            if recorded != key {
-                let message = format!(
-                    "non-determinism: model call #{} asked {key} but an earlier attempt asked {recorded}",
-                    self.next_call
-                );
-                self.host_failure = Some(Error::fatal(message.clone()));
-                return Err(ModelError::Rejected(message));
+            if let (Recorded::Answer(answer), true) = (answer, recorded == key) {
+                return Ok(answer.clone());
             }
-            return Ok(answer.clone());
+            let recorded = recorded.clone();
+            return Err(ModelError::Rejected(self.non_determinism(key, &recorded)));
         }
         let answer = (self.model)(self.attempt, prompt);
         if let Err(ModelError::Unavailable(m)) = &answer {
@@ -420,6 +482,58 @@ impl SimHost {
             return Err(ModelError::Unavailable(message));
         }
         answer
+    }
+}
+
+impl SimHost {
+    /// Fails the attempt for good, as the host does when a retry asks
+    /// something else at a journaled call index.
+    fn non_determinism(&mut self, key: &str, recorded: &str) -> String {
+        let message = format!(
+            "non-determinism: call #{} asked {key} but an earlier attempt asked {recorded}",
+            self.next_call
+        );
+        self.host_failure = Some(Error::fatal(message.clone()));
+        message
+    }
+
+    pub(crate) fn http(&mut self, request: &HttpRequest) -> Result<HttpResponse, Error> {
+        if !self.grant_http {
+            return Err(Error::fatal(
+                "the host denied the HTTP request: the manifest does not ask for the `http` capability",
+            ));
+        }
+        let key = format!("{request:?}");
+        let (response, replayed) = match self.journal.get(self.next_call) {
+            Some((recorded, Recorded::Http(response))) if *recorded == key => {
+                (Ok(response.clone()), true)
+            }
+            Some((recorded, _)) => {
+                let recorded = recorded.clone();
+                (
+                    Err(Error::fatal(self.non_determinism(&key, &recorded))),
+                    false,
+                )
+            }
+            None => {
+                let response = (self.http)(self.attempt, request);
+                match &response {
+                    Ok(r) => self.journal.push((key, Recorded::Http(r.clone()))),
+                    // Not recorded, as in the runtime: the attempt fails and
+                    // the retry asks again.
+                    Err(e) if e.retryable => self.host_failure = Some(e.clone()),
+                    Err(_) => {}
+                }
+                (response, false)
+            }
+        };
+        self.http_calls.push(HttpCall {
+            request: request.clone(),
+            response: response.clone(),
+            replayed,
+        });
+        self.next_call += 1;
+        response
     }
 }
 

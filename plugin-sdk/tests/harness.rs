@@ -1,7 +1,9 @@
 //! The native test harness, on the stage shapes plugin authors get wrong.
 
 use ratchet_plugin_sdk::testing::{Harness, Outcome};
-use ratchet_plugin_sdk::{Context, Error, Inputs, ModelError, Outputs, Stage};
+use ratchet_plugin_sdk::{
+    Context, Error, HttpRequest, HttpResponse, Inputs, ModelError, Outputs, Stage,
+};
 
 /// A stage whose output is the model's answer: non-deterministic.
 struct Draft;
@@ -185,4 +187,68 @@ fn a_structured_answer_that_does_not_fit_is_retried() {
         "{}",
         report.text("verdict")
     );
+}
+
+/// Fetches a page, then asks the model about it: an HTTP call and a model
+/// call sharing the journal's index, as in the runtime.
+struct FetchThenAsk;
+
+impl Stage for FetchThenAsk {
+    const MANIFEST: &'static str = r#"
+        name = "fetch-then-ask"
+        version = "1.0.0"
+        outputs = ["answer"]
+        capabilities = ["http", "model"]
+        allowed_hosts = ["example.org"]
+    "#;
+
+    fn run(ctx: &Context, _: &Inputs) -> Result<Outputs, Error> {
+        let page = ctx.http(
+            &HttpRequest::get("https://example.org/page")
+                .header("authorization", "Bearer {{secret:key}}"),
+        )?;
+        let answer = ctx.generate(&format!("Summarise: {}", page.text()?))?;
+        Ok(Outputs::new().text("answer", answer))
+    }
+}
+
+/// The server answers differently on every request; after a crash the
+/// retry is handed the recorded page and the server is asked once. Seen
+/// failing with HTTP responses left out of the simulated journal (the
+/// server counted two, and the retry's model call asked about another
+/// page: non-determinism).
+#[test]
+fn a_retry_after_a_crash_replays_the_recorded_response() {
+    let asked = std::rc::Rc::new(std::cell::Cell::new(0));
+    let counter = asked.clone();
+    let report = Harness::<FetchThenAsk>::new()
+        .http(move |attempt, request| {
+            counter.set(counter.get() + 1);
+            assert_eq!(request.url, "https://example.org/page");
+            Ok(HttpResponse::new(200, format!("page of attempt {attempt}")))
+        })
+        .model(|_, prompt| Ok(prompt.to_string()))
+        .crash_after_attempt(1)
+        .run();
+    assert_eq!(asked.get(), 1, "the server was asked once");
+    assert!(report.attempts[1].http_calls[0].replayed);
+    assert_eq!(report.text("answer"), "Summarise: page of attempt 1");
+}
+
+/// A recorded reply stands in for the server; a request nobody recorded a
+/// reply for fails the stage and says how to give one.
+#[test]
+fn recorded_replies_answer_by_method_and_url() {
+    let report = Harness::<FetchThenAsk>::new()
+        .http_reply(
+            "GET",
+            "https://example.org/page",
+            HttpResponse::new(200, "hi"),
+        )
+        .model(|_, prompt| Ok(prompt.to_string()))
+        .run();
+    assert_eq!(report.text("answer"), "Summarise: hi");
+    let report = Harness::<FetchThenAsk>::new().run();
+    let failure = report.failure().expect("no reply recorded");
+    assert!(failure.message.contains("http_reply"), "{failure}");
 }

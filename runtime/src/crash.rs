@@ -9,9 +9,11 @@
 
 /// Every crash point, in the order an attempt passes them, the fault
 /// point `commit_ack_lost` ([`ack_lost`]), then the relay's.
-pub const CRASH_POINTS: [&str; 10] = [
+pub const CRASH_POINTS: [&str; 11] = [
     "after_claim",
     "after_model_call",
+    // An HTTP response journaled, before the guest reads it.
+    "after_http_call",
     "after_execute",
     "after_persist",
     "after_outbox_insert",

@@ -25,6 +25,9 @@ pub const ATTEMPT_SECONDS: &str = "ratchet_attempt_duration_seconds";
 /// Model calls of attempts that ended, by `source`: `fresh` (asked) or
 /// `replayed` (the journaled answer of an earlier attempt).
 pub const MODEL_CALLS: &str = "ratchet_model_calls_total";
+/// HTTP requests of attempts that ended, by `source`: `fresh` (sent),
+/// `replayed` (the journaled response) or `denied` (refused unsent).
+pub const HTTP_CALLS: &str = "ratchet_http_calls_total";
 /// Tokens of the fresh model calls of attempts that ended, by `kind`
 /// (`prompt`, `completion`), as their backends counted them.
 pub const MODEL_TOKENS: &str = "ratchet_model_tokens_total";
@@ -64,6 +67,9 @@ pub(crate) fn attempt(plugin: &str, outcome: &AttemptOutcome, took: Duration, r:
     for (name, label, value, n) in [
         (MODEL_CALLS, "source", "fresh", r.model_calls_fresh),
         (MODEL_CALLS, "source", "replayed", r.model_calls_replayed),
+        (HTTP_CALLS, "source", "fresh", r.http_calls_fresh),
+        (HTTP_CALLS, "source", "replayed", r.http_calls_replayed),
+        (HTTP_CALLS, "source", "denied", r.http_requests_denied),
         (MODEL_TOKENS, "kind", "prompt", tokens.prompt_tokens),
         (MODEL_TOKENS, "kind", "completion", tokens.completion_tokens),
     ] {
@@ -162,6 +168,10 @@ fn describe() {
     describe_counter!(
         MODEL_CALLS,
         "Model calls of ended attempts, fresh or replayed"
+    );
+    describe_counter!(
+        HTTP_CALLS,
+        "HTTP requests of ended attempts, fresh, replayed or denied"
     );
     describe_counter!(
         MODEL_TOKENS,

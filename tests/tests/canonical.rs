@@ -199,6 +199,8 @@ async fn racing_journal_writes(backend: Backend) {
         }),
         finish_reason: None,
         model: None,
+        kind: Default::default(),
+        http: None,
     };
     let first = h
         .store

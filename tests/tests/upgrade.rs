@@ -48,6 +48,8 @@ async fn journaled_meanwhile(backend: Backend) {
             usage: None,
             finish_reason: None,
             model: None,
+            kind: Default::default(),
+            http: None,
         })
         .await
         .expect("journal");

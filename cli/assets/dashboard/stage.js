@@ -22,7 +22,7 @@ export function stagePanel(name, data, ctx) {
     job.gate != null && job.state === "awaiting" ? decision(name, ctx) : null,
     job.map ? mapElements(name, data, ctx) : null,
     section("Attempts", attempts.length, timeline(attempts)),
-    calls.length ? section("Model journal", calls.length, journal(calls, attempts)) : null,
+    calls.length ? section("Call journal", calls.length, journal(calls, attempts)) : null,
     section("Outputs", outputs.length, artifactTable(outputs, data, ctx)),
     deliveries.length ? section("Deliveries", deliveries.length, bySink(deliveries)) : null,
   );
@@ -139,7 +139,7 @@ function proposal(attempt) {
   return null;
 }
 
-/** Each model call, the attempt that first asked it, and later attempts it was replayed to. */
+/** Each model call and HTTP request, the attempt that first asked it, and later attempts it was replayed to. */
 function journal(calls, attempts) {
   return el(
     "ol",
@@ -157,11 +157,15 @@ function journal(calls, attempts) {
           "data-tokens": call.usage ? `${call.usage.prompt_tokens}+${call.usage.completion_tokens}` : "",
           "data-model": call.model ?? "",
           "data-finish": call.finish_reason ?? "",
+          "data-kind": call.kind,
+          "data-status": call.http ? call.http.status : "",
         },
         el(
           "div",
           {},
           el("strong", {}, `Call ${call.index}`),
+          call.kind === "http" ? " · HTTP" : null,
+          call.http ? ` · status ${call.http.status}` : null,
           " · request ",
           digest(call.request_digest),
           ` · asked by attempt #${call.attempt}`,
@@ -171,10 +175,17 @@ function journal(calls, attempts) {
           replayed.length ? el("span", { class: "replayed" }, ` · replayed to attempt ${replayed.join(", ")}`) : null,
           call.rejected ? el("span", { class: "error" }, " · refused by the backend") : null,
         ),
-        el("pre", { class: "answer" }, call.response),
+        el("pre", { class: "answer" }, call.http ? httpBody(call.http.body) : call.response),
       );
     }),
   );
+}
+
+/** A journaled HTTP body (base64 in the API) as text, cut for the page. */
+function httpBody(base64) {
+  const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+  const text = new TextDecoder().decode(bytes.subarray(0, 4096));
+  return bytes.length > 4096 ? `${text}\n… (${bytes.length} bytes)` : text;
 }
 
 function bySink(deliveries) {

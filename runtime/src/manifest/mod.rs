@@ -1,6 +1,7 @@
 //! Plugin manifests and pipeline files: strict parsing, and errors that name
 //! the file and line and say how to fix it.
 
+mod hosts;
 mod pipeline;
 mod stages;
 
@@ -11,6 +12,7 @@ use toml::Spanned;
 
 use crate::text::escape_controls;
 
+pub use hosts::{HostPattern, any_allows};
 pub use pipeline::{
     Pipeline, Plan, PlannedStage, PlannedWork, PluginResolver, ResolvedPlugin, StageDecl,
 };
@@ -85,25 +87,31 @@ fn line_of(text: &str, offset: usize) -> usize {
 pub enum Capability {
     Log,
     Model,
+    /// Outgoing HTTP through `wasi:http`, to the hosts both the manifest's
+    /// `allowed_hosts` and the operator's policy allow.
+    Http,
 }
 
 impl Capability {
     /// Every capability, in the order they are listed to operators.
-    pub const ALL: [Capability; 2] = [Capability::Log, Capability::Model];
+    pub const ALL: [Capability; 3] = [Capability::Log, Capability::Model, Capability::Http];
 
     pub fn name(self) -> &'static str {
         match self {
             Capability::Log => "log",
             Capability::Model => "model",
+            Capability::Http => "http",
         }
     }
 
-    /// The WIT interface behind it; a component imports it with the
-    /// version of its contract (`ratchet:stage/model@0.2.0`).
+    /// The WIT interface behind it; a component imports Ratchet's with the
+    /// version of its contract (`ratchet:stage/model@0.2.0`), WASI's with
+    /// WASI's version (`wasi:http/outgoing-handler@0.2.6`).
     pub fn interface(self) -> &'static str {
         match self {
             Capability::Log => "ratchet:stage/log",
             Capability::Model => "ratchet:stage/model",
+            Capability::Http => "wasi:http/outgoing-handler",
         }
     }
 }
@@ -115,8 +123,10 @@ pub struct Limits {
     pub timeout_ms: Option<u64>,
     pub memory_mb: Option<u64>,
     pub max_output_bytes: Option<u64>,
-    /// Calls into the host (log, model) per attempt.
+    /// Calls into the host (log, model, HTTP requests) per attempt.
     pub max_host_calls: Option<u64>,
+    /// The largest HTTP response body (and request body) a call may carry.
+    pub max_http_response_bytes: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,6 +148,8 @@ struct RawManifest {
     capabilities: Vec<Capability>,
     #[serde(default)]
     limits: Limits,
+    #[serde(default)]
+    allowed_hosts: Vec<Spanned<String>>,
 }
 
 /// A validated plugin manifest (what `describe` returns).
@@ -156,6 +168,9 @@ pub struct PluginManifest {
     pub emits: Vec<String>,
     pub capabilities: Vec<Capability>,
     pub limits: Limits,
+    /// Where the stage may send HTTP requests (with the `http`
+    /// capability), if the operator's policy allows the host too.
+    pub allowed_hosts: Vec<HostPattern>,
 }
 
 impl PluginManifest {
@@ -194,6 +209,18 @@ impl PluginManifest {
         for event in &raw.emits {
             check_event(&src, event)?;
         }
+        let mut allowed_hosts = Vec::with_capacity(raw.allowed_hosts.len());
+        for pattern in &raw.allowed_hosts {
+            allowed_hosts.push(pattern.get_ref().parse().map_err(|e| src.at(pattern, e))?);
+        }
+        if let Some(first) = raw.allowed_hosts.first()
+            && !raw.capabilities.contains(&Capability::Http)
+        {
+            return Err(src.at(
+                first,
+                "`allowed_hosts` needs the `http` capability; add \"http\" to `capabilities`",
+            ));
+        }
         Ok(PluginManifest {
             name: raw.name.into_inner(),
             version,
@@ -204,6 +231,7 @@ impl PluginManifest {
             emits: raw.emits.into_iter().map(Spanned::into_inner).collect(),
             capabilities: raw.capabilities,
             limits: raw.limits,
+            allowed_hosts,
         })
     }
 }

@@ -33,8 +33,8 @@ pub use crate::graph::Payload;
 pub use cache::DiskCache;
 pub use host::HostFailure;
 pub use policy::{
-    Caps, DEFAULT_MAX_HOST_CALLS, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_MS,
-    EffectiveLimits, Policy,
+    Caps, DEFAULT_MAX_HOST_CALLS, DEFAULT_MAX_HTTP_RESPONSE_BYTES, DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_MS, EffectiveLimits, Policy, SecretGrant,
 };
 pub use world::Contract;
 
@@ -187,10 +187,18 @@ pub struct ExecReport {
     pub model_tokens: Usage,
     /// `log` calls dropped because the attempt was not granted `log`.
     pub log_lines_dropped: u32,
+    /// HTTP requests sent by this attempt, and answered from the journal.
+    pub http_calls_fresh: u32,
+    pub http_calls_replayed: u32,
+    /// HTTP requests refused before anything was sent (a host or a secret
+    /// not allowed, or `http` not granted).
+    pub http_requests_denied: u32,
 }
 
 pub struct HostState {
     wasi: WasiCtx,
+    http: wasmtime_wasi_http::WasiHttpCtx,
+    no_http: host::NoHttp,
     table: ResourceTable,
     limits: limits::InstanceLimits,
     call: Option<host::CallContext>,
@@ -235,6 +243,8 @@ impl PluginHost {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|e| PluginError::Engine(e.to_string()))?;
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+            .map_err(|e| PluginError::Engine(e.to_string()))?;
         world::add_to_linker(&mut linker).map_err(|e| PluginError::Engine(e.to_string()))?;
         let stop_ticker = Arc::new(AtomicBool::new(false));
         let (ticker_engine, stop) = (engine.clone(), stop_ticker.clone());
@@ -250,7 +260,8 @@ impl PluginHost {
         let disk = host_config
             .cache_dir
             .map(|dir| DiskCache::new(dir, &engine));
-        let allowed_models = Arc::new(host_config.policy.models().clone());
+        let services = host::Services::new(store.clone(), model, clock, &host_config.policy)
+            .map_err(|e| PluginError::Engine(format!("cannot build the HTTP client: {e}")))?;
         Ok(Self {
             engine,
             linker,
@@ -259,13 +270,8 @@ impl PluginHost {
             disk,
             compiled: AtomicU64::new(0),
             from_disk: AtomicU64::new(0),
-            catalog: store.clone(),
-            services: host::Services {
-                journal: store,
-                model,
-                clock,
-                allowed_models,
-            },
+            catalog: store,
+            services,
             stop_ticker,
         })
     }
@@ -416,6 +422,8 @@ impl PluginHost {
         let wasi = wasi.build();
         let state = HostState {
             wasi,
+            http: wasmtime_wasi_http::WasiHttpCtx::new(),
+            no_http: host::NoHttp,
             table: ResourceTable::new(),
             limits,
             call,
@@ -466,8 +474,9 @@ impl PluginHost {
             limits::InstanceLimits::new(usize::try_from(memory).unwrap_or(usize::MAX));
         let call = host::CallContext::new(
             inv.clone(),
-            limits.max_host_calls,
-            |capability| self.policy.grants(&plugin.manifest, capability),
+            &plugin.manifest,
+            &limits,
+            &self.policy,
             &self.services,
         );
         let timeout = Duration::from_millis(timeout_ms);
@@ -478,7 +487,7 @@ impl PluginHost {
         let outcome = tokio::time::timeout(timeout + Duration::from_secs(1), run).await;
         let call = store.data_mut().call.take();
         let report = call.as_ref().map(|c| c.report()).unwrap_or_default();
-        if let Some(failure) = call.and_then(|c| c.failure) {
+        if let Some(failure) = call.and_then(|c| c.failure.take()) {
             return Err((ExecError::Host(failure), report));
         }
         let result = match outcome {

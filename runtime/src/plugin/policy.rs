@@ -10,13 +10,14 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::manifest::{Capability, Limits, ManifestError, PluginManifest, Source};
+use crate::manifest::{Capability, HostPattern, Limits, ManifestError, PluginManifest, Source};
 
 /// Defaults for limits a manifest leaves unset.
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_MEMORY_MB: u64 = 256;
 pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
 pub const DEFAULT_MAX_HOST_CALLS: u64 = 100_000;
+pub const DEFAULT_MAX_HTTP_RESPONSE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Imports every stage may use: the shared types and the WASI interfaces,
 /// which the sandbox links with no files, sockets, environment or clocks
@@ -47,6 +48,7 @@ pub struct Caps {
     pub memory_mb: u64,
     pub max_output_bytes: u64,
     pub max_host_calls: u64,
+    pub max_http_response_bytes: u64,
     /// The most elements a list may hold for a stage to be mapped over it
     /// (recorded in each run when it is submitted).
     pub max_map_elements: u64,
@@ -59,6 +61,7 @@ impl Default for Caps {
             memory_mb: 4096,
             max_output_bytes: 256 * 1024 * 1024,
             max_host_calls: 10_000_000,
+            max_http_response_bytes: 64 * 1024 * 1024,
             max_map_elements: 10_000,
         }
     }
@@ -71,6 +74,7 @@ pub struct EffectiveLimits {
     pub memory_mb: u64,
     pub max_output_bytes: u64,
     pub max_host_calls: u64,
+    pub max_http_response_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -86,6 +90,34 @@ struct RawPolicy {
     concurrency: BTreeMap<String, NonZeroU32>,
     #[serde(default)]
     model: ModelPolicy,
+    #[serde(default)]
+    http: HttpPolicy,
+    /// Secret name -> where its value comes from and who may use it.
+    #[serde(default)]
+    secrets: BTreeMap<String, SecretGrant>,
+}
+
+/// `[http]`: where stages may send requests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HttpPolicy {
+    /// Hosts any stage granted `http` may reach, if its manifest lists
+    /// them too (none: no host).
+    #[serde(default)]
+    allowed_hosts: Vec<HostPattern>,
+}
+
+/// `[secrets.NAME]`: a value the host substitutes for `{{secret:NAME}}` in
+/// a request's headers on the way out. The value never enters a guest, the
+/// journal or the logs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretGrant {
+    /// The environment variable the host reads the value from.
+    pub env: String,
+    /// The plugins that may use it; absent, every plugin granted `http`.
+    #[serde(default)]
+    pub plugins: Option<BTreeSet<String>>,
 }
 
 /// `[model]`: what stages may ask of the model backend.
@@ -104,6 +136,9 @@ fn all_grants() -> Vec<Capability> {
 /// The capability whose interface a component imports under this name,
 /// in any contract the host serves.
 fn capability_of(import: &str) -> Option<Capability> {
+    if import.starts_with("wasi:http/") {
+        return Some(Capability::Http);
+    }
     let (interface, version) = import.split_once('@')?;
     if !super::Contract::ALL.iter().any(|c| c.version() == version) {
         return None;
@@ -121,6 +156,8 @@ pub struct Policy {
     pub caps: Caps,
     concurrency: BTreeMap<String, NonZeroU32>,
     models: BTreeSet<String>,
+    http_hosts: Vec<HostPattern>,
+    secrets: BTreeMap<String, SecretGrant>,
 }
 
 impl Default for Policy {
@@ -130,6 +167,8 @@ impl Default for Policy {
             caps: Caps::default(),
             concurrency: BTreeMap::new(),
             models: BTreeSet::new(),
+            http_hosts: Vec::new(),
+            secrets: BTreeMap::new(),
         }
     }
 }
@@ -137,13 +176,48 @@ impl Default for Policy {
 impl Policy {
     /// Parses a policy file (see docs/configuration.md, "Operator policy").
     pub fn parse(file: &str, text: &str) -> Result<Self, ManifestError> {
-        let raw: RawPolicy = Source { file, text }.parse()?;
+        let src = Source { file, text };
+        let raw: RawPolicy = src.parse()?;
+        if let Some(name) = raw
+            .secrets
+            .keys()
+            .find(|n| !crate::manifest::is_valid_name(n))
+        {
+            return Err(src.error(
+                None,
+                format!(
+                    "secret name `{name}` is not a valid name (use lowercase letters, digits, `-` and `_`, starting with a letter)"
+                ),
+            ));
+        }
         Ok(Self {
             grants: raw.grants.into_iter().collect(),
             caps: raw.caps,
             concurrency: raw.concurrency,
             models: raw.model.allowed,
+            http_hosts: raw.http.allowed_hosts,
+            secrets: raw.secrets,
         })
+    }
+
+    /// Hosts stages may send HTTP requests to (`[http] allowed_hosts`).
+    pub fn http_hosts(&self) -> &[HostPattern] {
+        &self.http_hosts
+    }
+
+    pub fn with_http_hosts(mut self, hosts: impl IntoIterator<Item = HostPattern>) -> Self {
+        self.http_hosts = hosts.into_iter().collect();
+        self
+    }
+
+    /// The secrets the operator names (`[secrets.NAME]`).
+    pub fn secrets(&self) -> &BTreeMap<String, SecretGrant> {
+        &self.secrets
+    }
+
+    pub fn with_secret(mut self, name: impl Into<String>, grant: SecretGrant) -> Self {
+        self.secrets.insert(name.into(), grant);
+        self
     }
 
     /// The caps of `[concurrency]`, by plugin name, for every claim.
@@ -199,6 +273,11 @@ impl Policy {
                 DEFAULT_MAX_HOST_CALLS,
                 caps.max_host_calls,
             ),
+            max_http_response_bytes: capped(
+                limits.max_http_response_bytes,
+                DEFAULT_MAX_HTTP_RESPONSE_BYTES,
+                caps.max_http_response_bytes,
+            ),
         }
     }
 
@@ -245,6 +324,11 @@ impl Policy {
                 caps.max_output_bytes,
             ),
             ("max_host_calls", asked.max_host_calls, caps.max_host_calls),
+            (
+                "max_http_response_bytes",
+                asked.max_http_response_bytes,
+                caps.max_http_response_bytes,
+            ),
         ];
         for (field, asked, cap) in checks {
             if let Some(asked) = asked.filter(|a| *a > cap) {
@@ -326,6 +410,31 @@ mod tests {
             Policy::default().limits(&Limits::default()).timeout_ms,
             DEFAULT_TIMEOUT_MS
         );
+    }
+
+    /// Seen failing with the secret names unchecked (`Search Key` read).
+    #[test]
+    fn http_hosts_and_secrets_are_read_strictly() {
+        let text = "[http]\nallowed_hosts = [\"*.wikipedia.org\", \"127.0.0.1:*\"]\n[secrets.search]\nenv = \"SEARCH_KEY\"\nplugins = [\"fetch\"]\n";
+        let p = Policy::parse("policy.toml", text).expect("valid policy");
+        assert_eq!(p.http_hosts().len(), 2);
+        assert!(p.http_hosts()[0].allows("en.wikipedia.org", None, true));
+        let search = &p.secrets()["search"];
+        assert_eq!(search.env, "SEARCH_KEY");
+        assert!(search.plugins.as_ref().is_some_and(|p| p.contains("fetch")));
+        let err = Policy::parse("policy.toml", "[http]\nallowed_hosts = [\"a b\"]\n")
+            .expect_err("bad pattern");
+        assert_eq!(err.line, Some(2), "{err}");
+        assert!(err.message.contains("write HOST[:PORT]"), "{err}");
+        let err = Policy::parse("policy.toml", "[secrets.\"Search Key\"]\nenv = \"K\"\n")
+            .expect_err("bad name");
+        assert!(
+            err.message.contains("`Search Key` is not a valid name"),
+            "{err}"
+        );
+        let err = Policy::parse("policy.toml", "[secrets.search]\nvalue = \"sk-1\"\n")
+            .expect_err("a value in the file");
+        assert_eq!(err.line, Some(2), "{err}");
     }
 
     #[test]

@@ -256,15 +256,32 @@ pub(crate) fn artifact_meta(row: &impl RowExt) -> Result<ArtifactMeta> {
 }
 
 pub(crate) fn model_call(row: &impl RowExt) -> Result<ModelCall> {
+    let kind = match row.text("kind")?.as_str() {
+        "model" => CallKind::Model,
+        "http" => CallKind::Http,
+        other => return Err(corrupt("model_calls", format!("a call of kind `{other}`"))),
+    };
+    let rejected = row.int("rejected")? != 0;
+    let response = row.opt_blob("response")?.unwrap_or_default();
+    // An HTTP row's `response` is the body's bytes, unless it was refused.
+    let (http, response) = match (kind, rejected) {
+        (CallKind::Http, false) => (Some(http_reply(row, response)?), Vec::new()),
+        _ => (None, response),
+    };
     Ok(ModelCall {
+        kind,
         run_id: row.text("run_id")?,
         stage: row.text("stage")?,
         index: row.int("call_index")?,
         request_digest: row.text("request_digest")?,
         // Stored as bytes (a NUL is a valid character of an answer).
-        response: String::from_utf8(row.opt_blob("response")?.unwrap_or_default())
-            .map_err(|e| corrupt("model_calls", format!("an answer that is not UTF-8: {e}")))?,
-        rejected: row.int("rejected")? != 0,
+        response: if http.is_some() {
+            String::new()
+        } else {
+            String::from_utf8(response)
+                .map_err(|e| corrupt("model_calls", format!("an answer that is not UTF-8: {e}")))?
+        },
+        rejected,
         attempt: row.int("attempt")?,
         usage: match (
             row.opt_int("prompt_tokens")?,
@@ -281,6 +298,26 @@ pub(crate) fn model_call(row: &impl RowExt) -> Result<ModelCall> {
             .as_deref()
             .map(FinishReason::parse),
         model: row.opt_text("model")?,
+        http,
+    })
+}
+
+fn http_reply(row: &impl RowExt, body: Vec<u8>) -> Result<HttpReply> {
+    let status = row
+        .opt_int("http_status")?
+        .and_then(|s| u16::try_from(s).ok())
+        .ok_or_else(|| corrupt("model_calls", "an HTTP response without a status"))?;
+    let headers = row.opt_text("http_headers")?.unwrap_or_default();
+    let headers = serde_json::from_str(&headers).map_err(|e| {
+        corrupt(
+            "model_calls",
+            format!("HTTP headers that are not a JSON list: {e}"),
+        )
+    })?;
+    Ok(HttpReply {
+        status,
+        headers,
+        body,
     })
 }
 

@@ -15,13 +15,12 @@ use crate::llm::{
     FinishReason, Message, ModelError as BackendError, ModelRequest, ResponseFormat, Role, Schema,
     Usage,
 };
-use crate::store::{ModelCall, ModelCallPut, StoreError};
+use crate::store::{CallKind, ModelCall, ModelCallPut, StoreError};
 
 /// The `model` capability of one attempt.
 pub(super) struct ModelCapability {
     /// `None` when the attempt is not granted the capability.
     granted: Option<Services>,
-    next_call: i64,
     replayed: u32,
     fresh: u32,
     tokens: Usage,
@@ -63,7 +62,6 @@ impl ModelCapability {
     pub fn new(granted: bool, services: &Services) -> Self {
         Self {
             granted: granted.then(|| services.clone()),
-            next_call: 0,
             replayed: 0,
             fresh: 0,
             tokens: Usage::default(),
@@ -76,10 +74,12 @@ impl ModelCapability {
         report.model_tokens = self.tokens;
     }
 
-    /// The journaled answer to the attempt's next model call.
+    /// The journaled answer to the attempt's next model call; `next_call`
+    /// is the index of the attempt's next call, model or HTTP.
     async fn generate(
         &mut self,
         inv: &Invocation,
+        next_call: &mut i64,
         request: ModelRequest,
     ) -> Result<ModelCall, Refusal> {
         let Some(services) = self.granted.clone() else {
@@ -101,8 +101,8 @@ impl ModelCapability {
                     .join(", ")
             ))));
         }
-        let index = self.next_call;
-        self.next_call += 1;
+        let index = *next_call;
+        *next_call += 1;
         let request_digest = request.digest();
         let recorded = services
             .journal
@@ -119,11 +119,11 @@ impl ModelCapability {
         } else {
             self.replayed += 1;
         }
-        if answer.request_digest != request_digest {
+        if answer.kind != CallKind::Model || answer.request_digest != request_digest {
             let failure = HostFailure::NonDeterminism {
                 index,
-                recorded: answer.request_digest.clone(),
-                now: request_digest,
+                recorded: format!("{} request {}", answer.kind.as_str(), answer.request_digest),
+                now: format!("model request {request_digest}"),
             };
             return Err(Refusal::failing(
                 Denial::Rejected(failure.to_string()),
@@ -183,6 +183,8 @@ async fn ask_and_journal(
         usage,
         finish_reason,
         model,
+        kind: CallKind::Model,
+        http: None,
     };
     services
         .journal
@@ -217,7 +219,11 @@ impl HostState {
             Ok(request) => request,
             Err(denial) => return Ok(Err(denial)),
         };
-        match call.model.generate(&call.inv, request).await {
+        match call
+            .model
+            .generate(&call.inv, &mut call.next_call, request)
+            .await
+        {
             Ok(answer) => Ok(Ok(answer)),
             Err(Refusal { answer, failure }) => {
                 if let Some(failure) = failure {
@@ -368,6 +374,8 @@ mod tests {
                 usage: m.usage,
                 finish_reason: m.finish_reason,
                 model: m.model,
+                kind: m.kind,
+                http: m.http,
             });
             Ok(stored.clone())
         }
@@ -408,12 +416,14 @@ mod tests {
     fn rig() -> Rig {
         let journal = Arc::new(MemoryJournal::default());
         let backend = Arc::new(Counting::default());
-        let services = Services {
-            journal: journal.clone(),
-            model: backend.clone(),
-            clock: Arc::new(ManualClock::new(0)),
-            allowed_models: Arc::new(["small".to_string()].into()),
-        };
+        let policy = crate::plugin::Policy::default().with_models(["small"]);
+        let services = Services::new(
+            journal.clone(),
+            backend.clone(),
+            Arc::new(ManualClock::new(0)),
+            &policy,
+        )
+        .expect("an HTTP client");
         Rig {
             journal,
             backend,
@@ -449,12 +459,12 @@ mod tests {
         let rig = rig();
         let mut first = ModelCapability::new(true, &rig.services);
         let answer = first
-            .generate(&attempt(1), request("p"))
+            .generate(&attempt(1), &mut 0, request("p"))
             .await
             .expect("answer");
         let mut retry = ModelCapability::new(true, &rig.services);
         let replayed = retry
-            .generate(&attempt(2), request("p"))
+            .generate(&attempt(2), &mut 0, request("p"))
             .await
             .expect("replay");
         assert_eq!(
@@ -474,12 +484,12 @@ mod tests {
         let rig = rig();
         let mut first = ModelCapability::new(true, &rig.services);
         first
-            .generate(&attempt(1), request("p"))
+            .generate(&attempt(1), &mut 0, request("p"))
             .await
             .expect("answer");
         let mut retry = ModelCapability::new(true, &rig.services);
         let refusal = retry
-            .generate(&attempt(2), request("q"))
+            .generate(&attempt(2), &mut 0, request("q"))
             .await
             .expect_err("refused");
         assert!(matches!(refusal.answer, Denial::Rejected(_)));
@@ -500,7 +510,7 @@ mod tests {
         rig.journal.offline.store(true, Ordering::SeqCst);
         let mut model = ModelCapability::new(true, &rig.services);
         let refusal = model
-            .generate(&attempt(1), request("p"))
+            .generate(&attempt(1), &mut 0, request("p"))
             .await
             .expect_err("refused");
         assert!(matches!(refusal.answer, Denial::Unavailable(_)));
@@ -516,7 +526,7 @@ mod tests {
         let rig = rig();
         let mut model = ModelCapability::new(false, &rig.services);
         let refusal = model
-            .generate(&attempt(1), request("p"))
+            .generate(&attempt(1), &mut 0, request("p"))
             .await
             .expect_err("refused");
         assert!(matches!(refusal.answer, Denial::AccessDenied(_)));
@@ -539,7 +549,7 @@ mod tests {
         };
         let mut model = ModelCapability::new(true, &rig.services);
         let refusal = model
-            .generate(&attempt(1), request)
+            .generate(&attempt(1), &mut 0, request)
             .await
             .expect_err("refused");
         assert!(matches!(&refusal.answer, Denial::Unavailable(m) if m.contains("not JSON")));
@@ -556,7 +566,7 @@ mod tests {
         let mut asked = request("p");
         asked.model = Some("huge".into());
         let refusal = model
-            .generate(&attempt(1), asked.clone())
+            .generate(&attempt(1), &mut 0, asked.clone())
             .await
             .expect_err("denied");
         assert!(
@@ -564,7 +574,10 @@ mod tests {
         );
         assert!(refusal.failure.is_none());
         asked.model = Some("small".into());
-        model.generate(&attempt(1), asked).await.expect("allowed");
+        model
+            .generate(&attempt(1), &mut 0, asked)
+            .await
+            .expect("allowed");
         assert_eq!(rig.backend.0.load(Ordering::SeqCst), 1);
     }
 }

@@ -135,15 +135,15 @@ impl ModelCallTx for Canonical<'_> {
         sqlx::query(
             "INSERT INTO model_calls (run_id, stage, call_index, request_digest, response, rejected,
                                          attempt, created_at, prompt_tokens, completion_tokens,
-                                         finish_reason, model)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                         finish_reason, model, kind, http_status, http_headers)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON CONFLICT (run_id, stage, call_index) DO NOTHING",
         )
         .bind(&m.run_id)
         .bind(&m.stage)
         .bind(m.index)
         .bind(&m.request_digest)
-        .bind(m.response.as_bytes())
+        .bind(m.stored_response())
         .bind(i64::from(m.rejected))
         .bind(m.attempt)
         .bind(m.now)
@@ -151,6 +151,9 @@ impl ModelCallTx for Canonical<'_> {
         .bind(m.usage.map(|u| i64::from(u.completion_tokens)))
         .bind(m.finish_reason.map(FinishReason::as_str))
         .bind(&m.model)
+        .bind(m.kind.as_str())
+        .bind(m.http.as_ref().map(|h| i64::from(h.status)))
+        .bind(m.http_headers_json())
         .execute(&mut *self.0)
         .await?;
         Ok(())

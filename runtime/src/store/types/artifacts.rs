@@ -1,5 +1,5 @@
-//! Artifacts as the store writes and reads them, and journaled model
-//! calls: both written canonical-first.
+//! Artifacts as the store writes and reads them, and a stage's journaled
+//! calls (model answers and HTTP responses): both written canonical-first.
 
 use serde::Serialize;
 
@@ -61,7 +61,8 @@ pub struct ModelCallPut {
     pub stage: String,
     pub index: i64,
     pub request_digest: String,
-    /// The answer, or with `rejected` the backend's reason for refusing.
+    /// The answer, or with `rejected` the backend's reason for refusing
+    /// (empty for an HTTP response: its body is in `http`).
     pub response: String,
     pub rejected: bool,
     pub attempt: i64,
@@ -72,8 +73,67 @@ pub struct ModelCallPut {
     pub finish_reason: Option<FinishReason>,
     /// The model that answered, as the backend named it.
     pub model: Option<String>,
+    pub kind: CallKind,
+    /// An HTTP call's response (`None` for a model call and a refusal).
+    pub http: Option<HttpReply>,
 }
 
+impl ModelCallPut {
+    /// What the `response` column holds: an HTTP response's body, or the
+    /// answer (or refusal) as text.
+    pub(crate) fn stored_response(&self) -> &[u8] {
+        match &self.http {
+            Some(reply) => &reply.body,
+            None => self.response.as_bytes(),
+        }
+    }
+
+    /// An HTTP response's headers as the JSON list stored with it.
+    pub(crate) fn http_headers_json(&self) -> Option<String> {
+        let reply = self.http.as_ref()?;
+        serde_json::to_string(&reply.headers).ok()
+    }
+}
+
+/// What a journaled call asked: the model, or an HTTP server (`wasi:http`).
+/// Both share a stage's call index.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CallKind {
+    #[default]
+    Model,
+    Http,
+}
+
+impl CallKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallKind::Model => "model",
+            CallKind::Http => "http",
+        }
+    }
+}
+
+/// An HTTP response as journaled, every granted secret's value already
+/// replaced by its placeholder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct HttpReply {
+    pub status: u16,
+    /// `[name, value]` pairs, in the order the server sent them.
+    #[schema(value_type = Vec<Vec<String>>)]
+    pub headers: Vec<(String, String)>,
+    /// The body, base64 in JSON.
+    #[serde(serialize_with = "as_base64")]
+    #[schema(value_type = String, format = Byte)]
+    pub body: Vec<u8>,
+}
+
+fn as_base64<S: serde::Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+    use base64::Engine;
+    s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// One call of a stage's journal: a model call or an HTTP request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct ModelCall {
     pub run_id: String,
@@ -93,4 +153,7 @@ pub struct ModelCall {
     pub finish_reason: Option<FinishReason>,
     /// The model that answered, as the backend named it.
     pub model: Option<String>,
+    pub kind: CallKind,
+    /// An HTTP call's response (`None` for a model call and a refusal).
+    pub http: Option<HttpReply>,
 }

@@ -3,6 +3,11 @@
 //! `RATCHET_PYTHON_HEADLINE`. Without the tool the path is empty and the
 //! Python test says how to install it (and fails under `CI=true`).
 //!
+//! Builds the Python fetch stage (`plugins/python/fetch`, the research
+//! example's fetch over `wasi:http`) the same way as `RATCHET_PYTHON_FETCH`;
+//! its world adds WASI's HTTP, whose WIT comes from the wasmtime-wasi-http
+//! crate in cargo's registry (or `RATCHET_WASI_WIT`).
+//!
 //! Builds the JavaScript stage in `plugins/javascript/` the same way with
 //! componentize-js (from npm; `.ci/run` installs it with `npm ci --prefix
 //! tests/js`) as `RATCHET_JS_HEADLINE`.
@@ -49,8 +54,86 @@ fn main() {
         }
     };
     println!("cargo::rustc-env=RATCHET_PYTHON_HEADLINE={path}");
+    python_fetch(&root, &wit, !path.is_empty());
     javascript(&root, &wit);
     two_memories(&wit);
+}
+
+/// The wasmtime-wasi-http the runtime links (keep in step with the
+/// workspace's `wasmtime-wasi-http` pin): its `wit/deps` is WASI's WIT at
+/// the version the host serves.
+const WASMTIME_WASI_HTTP: &str = "wasmtime-wasi-http-48.0.8";
+
+/// WASI's WIT packages, one `.wit` file each: `RATCHET_WASI_WIT`, or the
+/// wasmtime-wasi-http crate's in cargo's registry.
+fn wasi_wit() -> Option<PathBuf> {
+    println!("cargo::rerun-if-env-changed=RATCHET_WASI_WIT");
+    if let Some(dir) = std::env::var_os("RATCHET_WASI_WIT") {
+        return Some(dir.into());
+    }
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))?;
+    std::fs::read_dir(home.join("registry/src"))
+        .ok()?
+        .flatten()
+        .map(|index| index.path().join(WASMTIME_WASI_HTTP).join("wit/deps"))
+        .find(|deps| deps.is_dir())
+}
+
+/// `plugins/python/fetch`: its world (`wit/world.wit`) with the stage
+/// contract and WASI's WIT put beside it in a `deps/` folder.
+fn python_fetch(root: &std::path::Path, wit: &std::path::Path, tool: bool) {
+    let app = root.join("plugins/python/fetch");
+    println!("cargo::rerun-if-changed={}", app.join("app.py").display());
+    println!(
+        "cargo::rerun-if-changed={}",
+        app.join("wit/world.wit").display()
+    );
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let path = match (tool, wasi_wit()) {
+        (false, _) => String::new(),
+        (true, None) => {
+            println!(
+                "cargo::warning=WASI's WIT not found ({WASMTIME_WASI_HTTP} in cargo's registry); the Python fetch test will be skipped (set RATCHET_WASI_WIT to its wit/deps)"
+            );
+            String::new()
+        }
+        (true, Some(wasi)) => {
+            let world = out_dir.join("python-fetch-wit");
+            let deps = world.join("deps");
+            let _ = std::fs::remove_dir_all(&world);
+            std::fs::create_dir_all(&deps).expect("create the world's folder");
+            let copy = |from: &std::path::Path, to: PathBuf| {
+                std::fs::copy(from, &to).unwrap_or_else(|e| {
+                    panic!("copying {} to {}: {e}", from.display(), to.display())
+                });
+            };
+            copy(&app.join("wit/world.wit"), world.join("world.wit"));
+            copy(&wit.join("stage.wit"), deps.join("ratchet-stage.wit"));
+            for file in std::fs::read_dir(&wasi).expect("WASI's WIT").flatten() {
+                copy(&file.path(), deps.join(file.file_name()));
+            }
+            let out = out_dir.join("research-fetch-py.wasm");
+            let built = Command::new("componentize-py")
+                .arg("-d")
+                .arg(&world)
+                .args(["-w", "stage-http", "componentize", "app", "-p"])
+                .arg(&app)
+                .arg("-o")
+                .arg(&out)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run componentize-py: {e}"));
+            if !built.status.success() {
+                panic!(
+                    "componentize-py failed to build plugins/python/fetch:\n{}",
+                    String::from_utf8_lossy(&built.stderr)
+                );
+            }
+            out.display().to_string()
+        }
+    };
+    println!("cargo::rustc-env=RATCHET_PYTHON_FETCH={path}");
 }
 
 /// `plugins/javascript/headline` with the componentize-js that `npm ci

@@ -402,8 +402,8 @@ impl Exchange {
                 error: HttpError::HttpRequestDenied,
                 failure: Some(HostFailure::NonDeterminism {
                     index: self.index,
-                    recorded: format!("{} request {}", call.kind.as_str(), call.request_digest),
-                    now: format!("http request {digest}"),
+                    recorded: call.kind.request(&call.request_digest),
+                    now: CallKind::Http.request(&digest),
                 }),
             });
         }

@@ -37,7 +37,7 @@ use crate::store::Journal;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HostFailure {
     #[error(
-        "non-determinism: call #{index} asked {now} but the journal recorded a {recorded} for it; the stage must ask the same questions (model calls and HTTP requests) in the same order on every attempt"
+        "non-determinism: call #{index} asked {now}, but the journal recorded {recorded} there; the stage must ask the same questions (model calls and HTTP requests) in the same order on every attempt"
     )]
     NonDeterminism {
         index: i64,

@@ -122,8 +122,8 @@ impl ModelCapability {
         if answer.kind != CallKind::Model || answer.request_digest != request_digest {
             let failure = HostFailure::NonDeterminism {
                 index,
-                recorded: format!("{} request {}", answer.kind.as_str(), answer.request_digest),
-                now: format!("model request {request_digest}"),
+                recorded: answer.kind.request(&answer.request_digest),
+                now: CallKind::Model.request(&request_digest),
             };
             return Err(Refusal::failing(
                 Denial::Rejected(failure.to_string()),

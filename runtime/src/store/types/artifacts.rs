@@ -112,6 +112,15 @@ impl CallKind {
             CallKind::Http => "http",
         }
     }
+
+    /// `model request DIGEST` or `HTTP request DIGEST`, for messages.
+    pub fn request(self, digest: &str) -> String {
+        let kind = match self {
+            CallKind::Model => "model",
+            CallKind::Http => "HTTP",
+        };
+        format!("{kind} request {digest}")
+    }
 }
 
 /// An HTTP response as journaled, every granted secret's value already

@@ -275,12 +275,8 @@ pub(crate) fn model_call(row: &impl RowExt) -> Result<ModelCall> {
         index: row.int("call_index")?,
         request_digest: row.text("request_digest")?,
         // Stored as bytes (a NUL is a valid character of an answer).
-        response: if http.is_some() {
-            String::new()
-        } else {
-            String::from_utf8(response)
-                .map_err(|e| corrupt("model_calls", format!("an answer that is not UTF-8: {e}")))?
-        },
+        response: String::from_utf8(response)
+            .map_err(|e| corrupt("model_calls", format!("an answer that is not UTF-8: {e}")))?,
         rejected,
         attempt: row.int("attempt")?,
         usage: match (

@@ -36,19 +36,15 @@ use super::{CallContext, FailureSlot, HostFailure, Services};
 use crate::manifest::{HostPattern, any_allows};
 use crate::store::{CallKind, HttpReply, ModelCall, ModelCallPut};
 
-/// What `send_request` returns: the response, and a future wasi-http polls
-/// for errors of the body's transfer (none here: the body is in memory).
-pub(super) type Sent = Box<
-    dyn Future<
-            Output = Result<
-                (
-                    http::Response<WasiBody>,
-                    Box<dyn Future<Output = Result<(), HttpError>> + Send>,
-                ),
-                HttpError,
-            >,
-        > + Send,
->;
+/// A future wasi-http polls for errors of a response body's transfer (none
+/// here: the body is in memory).
+pub(super) type Transfer = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
+
+/// What an exchange ends with: the response, or the error the guest sees.
+type Exchanged = Result<(http::Response<WasiBody>, Transfer), HttpError>;
+
+/// What `send_request` returns.
+pub(super) type Sent = Box<dyn Future<Output = Exchanged> + Send>;
 
 /// The policy's secrets with their values, read from the environment once
 /// when the host starts. `Debug` shows names only.
@@ -159,7 +155,12 @@ fn substitute(value: &str, secrets: &Secrets, plugin: &str) -> Result<Option<Str
         let end = after
             .find("}}")
             .ok_or_else(|| "a `{{secret:` placeholder is not closed with `}}`".to_string())?;
-        out.push_str(secrets.value_for(&after[..end], plugin)?);
+        let name = &after[..end];
+        out.push_str(
+            secrets
+                .value_for(name, plugin)
+                .map_err(|why| crate::text::bounded(&why, 300))?,
+        );
         rest = &after[end + 2..];
     }
     out.push_str(rest);
@@ -253,7 +254,7 @@ impl WasiHttpHooks for CallContext {
         &mut self,
         request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
-        _response_errors: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+        _response_errors: Transfer,
     ) -> Sent {
         if self.count_call().is_err() {
             return Box::new(async {
@@ -291,15 +292,7 @@ impl WasiHttpHooks for CallContext {
 /// body (read and dropped, up to a bound): a client that writes the body
 /// while it waits for the response then sees the denial, not a broken
 /// stream.
-pub(super) async fn deny(
-    request: http::Request<WasiBody>,
-) -> Result<
-    (
-        http::Response<WasiBody>,
-        Box<dyn Future<Output = Result<(), HttpError>> + Send>,
-    ),
-    HttpError,
-> {
+pub(super) async fn deny(request: http::Request<WasiBody>) -> Exchanged {
     const DRAINED: usize = 1 << 20;
     let _ = Limited::new(request.into_body(), DRAINED).collect().await;
     Err(HttpError::HttpRequestDenied)
@@ -323,28 +316,17 @@ struct Refused {
 }
 
 impl Exchange {
-    async fn run(
-        self,
-        request: http::Request<WasiBody>,
-        headers: HeaderMap,
-    ) -> Result<
-        (
-            http::Response<WasiBody>,
-            Box<dyn Future<Output = Result<(), HttpError>> + Send>,
-        ),
-        HttpError,
-    > {
-        let failure = self.failure.clone();
+    async fn run(self, request: http::Request<WasiBody>, headers: HeaderMap) -> Exchanged {
         match self.answer(request, headers).await {
             Ok(call) => {
+                // A refusal's row (a body over the cap) has no response.
                 let reply = call.http.ok_or(HttpError::HttpResponseBodySize(None))?;
-                let done: Box<dyn Future<Output = Result<(), HttpError>> + Send> =
-                    Box::new(async { Ok(()) });
+                let done: Transfer = Box::new(async { Ok(()) });
                 Ok((response(reply), done))
             }
-            Err(Refused { error, failure: f }) => {
-                if let Some(f) = f {
-                    failure.fail(f);
+            Err(Refused { error, failure }) => {
+                if let Some(failure) = failure {
+                    self.failure.fail(failure);
                 }
                 Err(error)
             }

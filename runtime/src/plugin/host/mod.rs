@@ -197,7 +197,7 @@ impl WasiHttpHooks for NoHttp {
         &mut self,
         request: ::http::Request<wasmtime_wasi_http::WasiBody>,
         _: Option<wasmtime_wasi_http::RequestOptions>,
-        _: Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+        _: http::Transfer,
     ) -> http::Sent {
         Box::new(http::deny(request))
     }

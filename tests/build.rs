@@ -32,31 +32,43 @@ fn main() {
         wit.join("stage.wit").display()
     );
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("headline.wasm");
-    let built = Command::new("componentize-py")
-        .arg("-d")
-        .arg(&wit)
-        .args(["-w", "stage", "componentize", "app", "-p"])
-        .arg(&app)
-        .arg("-o")
-        .arg(&out)
-        .output();
-    let path = match built {
-        Ok(o) if o.status.success() => out.display().to_string(),
-        Ok(o) => panic!(
-            "componentize-py failed to build plugins/python/headline:\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        ),
-        Err(e) => {
-            println!(
-                "cargo::warning=componentize-py not found ({e}); the Python stage test will be skipped (pip install componentize-py==0.25.1)"
-            );
-            String::new()
-        }
-    };
+    let path = componentize_py(&wit, "stage", &app, &out).unwrap_or_else(|e| {
+        println!(
+            "cargo::warning=componentize-py not found ({e}); the Python stage test will be skipped (pip install componentize-py==0.25.1)"
+        );
+        String::new()
+    });
     println!("cargo::rustc-env=RATCHET_PYTHON_HEADLINE={path}");
     python_fetch(&root, &wit, !path.is_empty());
     javascript(&root, &wit);
     two_memories(&wit);
+}
+
+/// Builds the Python app in `app` against `world` of the WIT in `wit`
+/// into `out` and returns its path; the error when componentize-py cannot
+/// be run. A failed build panics with componentize-py's output.
+fn componentize_py(
+    wit: &std::path::Path,
+    world: &str,
+    app: &std::path::Path,
+    out: &std::path::Path,
+) -> std::io::Result<String> {
+    let built = Command::new("componentize-py")
+        .arg("-d")
+        .arg(wit)
+        .args(["-w", world, "componentize", "app", "-p"])
+        .arg(app)
+        .arg("-o")
+        .arg(out)
+        .output()?;
+    if !built.status.success() {
+        panic!(
+            "componentize-py failed to build {}:\n{}",
+            app.display(),
+            String::from_utf8_lossy(&built.stderr)
+        );
+    }
+    Ok(out.display().to_string())
 }
 
 /// The wasmtime-wasi-http the runtime links (keep in step with the
@@ -115,22 +127,8 @@ fn python_fetch(root: &std::path::Path, wit: &std::path::Path, tool: bool) {
                 copy(&file.path(), deps.join(file.file_name()));
             }
             let out = out_dir.join("research-fetch-py.wasm");
-            let built = Command::new("componentize-py")
-                .arg("-d")
-                .arg(&world)
-                .args(["-w", "stage-http", "componentize", "app", "-p"])
-                .arg(&app)
-                .arg("-o")
-                .arg(&out)
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run componentize-py: {e}"));
-            if !built.status.success() {
-                panic!(
-                    "componentize-py failed to build plugins/python/fetch:\n{}",
-                    String::from_utf8_lossy(&built.stderr)
-                );
-            }
-            out.display().to_string()
+            componentize_py(&world, "stage-http", &app, &out)
+                .unwrap_or_else(|e| panic!("cannot run componentize-py: {e}"))
         }
     };
     println!("cargo::rustc-env=RATCHET_PYTHON_FETCH={path}");

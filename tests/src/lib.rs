@@ -6,6 +6,7 @@ pub mod events;
 pub mod fleet;
 pub mod nats;
 mod old_schema;
+pub mod research;
 pub mod serve;
 mod store_fixtures;
 

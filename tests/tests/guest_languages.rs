@@ -7,14 +7,14 @@
 //! stage's HTTP request (`plugins/python/fetch`) replays the same way.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::crash::CRASH_EXIT_CODE;
 use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::plugin::HostConfig;
 use ratchet_runtime::registry;
-use ratchet_tests::{Backend, Harness, output, ratchet, serve_http, shared_component_cache};
+use ratchet_tests::research::{self, EchoServer, SECRET_ENV};
+use ratchet_tests::{Backend, Harness, output, ratchet, shared_component_cache};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
 
@@ -82,21 +82,8 @@ async fn a_python_stage_fetches_once_through_a_crash() {
     let Some(component) = component(env!("RATCHET_PYTHON_FETCH"), install) else {
         return;
     };
-    let hits = Arc::new(AtomicU32::new(0));
-    let counter = hits.clone();
-    let page = move |headers: axum::http::HeaderMap| {
-        let counter = counter.clone();
-        async move {
-            counter.fetch_add(1, Ordering::SeqCst);
-            let auth = headers
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("none")
-                .to_string();
-            format!("A page fetched from Python. Sent: {auth}.")
-        }
-    };
-    let addr = serve_http(axum::Router::new().route("/page", axum::routing::get(page))).await;
+    let server = EchoServer::default();
+    let addr = server.start().await;
     let h = Harness::on(Backend::Sqlite, Arc::new(SystemClock))
         .await
         .expect("sqlite");
@@ -105,46 +92,34 @@ async fn a_python_stage_fetches_once_through_a_crash() {
         .await
         .expect("the Python fetch stage registers");
     assert_eq!(fetch.manifest.name, "research-fetch-py");
-    let pipeline = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/research.toml"),
-    )
-    .expect("research.toml")
-    .replace("research-fetch@^1", "research-fetch-py@^1");
+    let pipeline = research::pipeline("research-fetch-py");
     let run = h
         .submit(&pipeline, format!("http://{addr}/page").as_bytes())
         .await;
     let dir = tempfile::tempdir().expect("dir");
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(
-        &policy,
-        "[http]\nallowed_hosts = [\"127.0.0.1:*\"]\n[secrets.search]\nenv = \"RATCHET_TEST_SEARCH_KEY\"\nplugins = [\"research-fetch-py\"]\n",
-    )
-    .expect("policy");
+    let policy = research::policy(dir.path(), "research-fetch-py");
     let worker = |id: &str| {
         let mut cmd = ratchet(BIN, &h.url);
         cmd.arg("--policy")
             .arg(&policy)
             .args(["worker", "--until-idle", "--concurrency", "1"])
             .args(["--lease-ms", "300", "--worker-id", id])
-            .env("RATCHET_TEST_SEARCH_KEY", "sk-python-test");
+            .env(SECRET_ENV, "sk-python-test");
         cmd
     };
     let mut doomed = worker("doomed");
     doomed.env("FAILPOINTS", "after_http_call=return(exit)");
     let out = output(doomed).await;
     assert_eq!(out.status.code(), Some(CRASH_EXIT_CODE), "{out:?}");
-    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert_eq!(server.hits(), 1);
     let out = output(worker("survivor")).await;
     assert!(out.status.success(), "{out:?}");
     assert_eq!(h.run_state(&run).await, "succeeded");
-    assert_eq!(
-        hits.load(Ordering::SeqCst),
-        1,
-        "the retry replayed the response"
-    );
+    assert_eq!(server.hits(), 1, "the retry replayed the response");
     let page = h.json(&run, "fetch", "page").await;
     assert_eq!(
-        page["text"], "A page fetched from Python. Sent: Bearer {{secret:search}}.",
+        page["text"],
+        research::echoed("Bearer {{secret:search}}"),
         "the echoed key is stored as its placeholder"
     );
     assert_eq!(h.json(&run, "check", "verdict").await["ok"], true);

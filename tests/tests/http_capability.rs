@@ -6,72 +6,20 @@
 //!
 //! Each test says the buggy shape it was seen failing on.
 
-use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
-use axum::Router;
-use axum::http::HeaderMap;
-use axum::routing::get;
 use ratchet_runtime::clock::SystemClock;
 use ratchet_runtime::llm::StochasticModel;
 use ratchet_runtime::manifest::HostPattern;
 use ratchet_runtime::plugin::{Caps, HostConfig, Policy, SecretGrant};
 use ratchet_runtime::store::{CallKind, HttpReply, ModelCallPut};
+use ratchet_tests::research::{self, EchoServer, SECRET_ENV};
 use ratchet_tests::{BOUND, Backend, Harness, ratchet, shared_component_cache};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
-const SECRET_ENV: &str = "RATCHET_TEST_SEARCH_KEY";
-
-/// A server that counts the requests it got and echoes the authorization
-/// it was sent, in a header and in the body: what a careless API does.
-#[derive(Clone, Default)]
-struct Server {
-    hits: Arc<AtomicU32>,
-    /// The last `authorization` header it was sent.
-    auth: Arc<std::sync::Mutex<String>>,
-}
-
-impl Server {
-    /// Listens on every interface (so that 127.0.0.2 reaches it too).
-    async fn start(&self) -> SocketAddr {
-        let (hits, seen) = (self.hits.clone(), self.auth.clone());
-        let page = move |headers: HeaderMap| {
-            let (hits, seen) = (hits.clone(), seen.clone());
-            async move {
-                hits.fetch_add(1, Ordering::SeqCst);
-                let auth = headers
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("none")
-                    .to_string();
-                seen.lock().expect("auth").clone_from(&auth);
-                let body = format!("Ratchet journals every call. You sent: {auth}.");
-                (
-                    [("content-type", "text/plain".to_string()), ("x-echo", auth)],
-                    body,
-                )
-            }
-        };
-        let big = |_: HeaderMap| async { vec![b'x'; 4096] };
-        let app = Router::new()
-            .route("/page", get(page))
-            .route("/big", get(big));
-        let listener = tokio::net::TcpListener::bind("0.0.0.0:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        SocketAddr::from(([127, 0, 0, 1], port))
-    }
-
-    fn hits(&self) -> u32 {
-        self.hits.load(Ordering::SeqCst)
-    }
-}
 
 fn hosts(patterns: &[&str]) -> Vec<HostPattern> {
     patterns
@@ -118,8 +66,18 @@ async fn probe(h: &Harness, request: Value) -> (String, Value) {
     (run, result)
 }
 
+/// The echo server, and a SQLite harness under `policy` with `http-probe`
+/// registered.
+async fn probe_rig(policy: Policy) -> (EchoServer, u16, Harness) {
+    let server = EchoServer::default();
+    let port = server.start().await.port();
+    let h = harness(Backend::Sqlite, policy).await.expect("sqlite");
+    h.register(&["http-probe"]).await;
+    (server, port, h)
+}
+
 /// The probe was told `HTTP-request-denied`, and nothing reached the server.
-fn assert_denied(result: &Value, server: &Server) {
+fn assert_denied(result: &Value, server: &EchoServer) {
     let error = result["error"].as_str().unwrap_or_default();
     assert!(error.contains("denied"), "{result}");
     assert_eq!(result["retryable"], false, "{result}");
@@ -131,12 +89,9 @@ fn assert_denied(result: &Value, server: &Server) {
 /// failing with the manifest's list unchecked: the server counted one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_outside_the_manifest_is_refused_unsent() {
-    let server = Server::default();
-    let addr = server.start().await;
     let policy = Policy::default().with_http_hosts(hosts(&["*:*"]));
-    let h = harness(Backend::Sqlite, policy).await.expect("sqlite");
-    h.register(&["http-probe"]).await;
-    let url = format!("http://127.0.0.2:{}/page", addr.port());
+    let (server, port, h) = probe_rig(policy).await;
+    let url = format!("http://127.0.0.2:{port}/page");
     let (_, result) = probe(&h, json!({ "url": url })).await;
     assert_denied(&result, &server);
 }
@@ -145,16 +100,13 @@ async fn a_host_outside_the_manifest_is_refused_unsent() {
 /// with the policy's list unchecked: the server counted one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_outside_the_policy_is_refused_unsent() {
-    let server = Server::default();
-    let addr = server.start().await;
     let policy = Policy::default().with_http_hosts(hosts(&["127.0.0.1:*"]));
-    let h = harness(Backend::Sqlite, policy).await.expect("sqlite");
-    h.register(&["http-probe"]).await;
-    let url = format!("http://localhost:{}/page", addr.port());
+    let (server, port, h) = probe_rig(policy).await;
+    let url = format!("http://localhost:{port}/page");
     let (_, result) = probe(&h, json!({ "url": url })).await;
     assert_denied(&result, &server);
     // The same request to the host both allow goes out.
-    let url = format!("http://127.0.0.1:{}/page", addr.port());
+    let url = format!("http://127.0.0.1:{port}/page");
     let (_, result) = probe(&h, json!({ "url": url })).await;
     assert_eq!(result["status"], 200, "{result}");
     assert_eq!(server.hits(), 1);
@@ -166,15 +118,12 @@ async fn a_host_outside_the_policy_is_refused_unsent() {
 /// value).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secret_not_granted_is_refused_unsent() {
-    let server = Server::default();
-    let addr = server.start().await;
     let policy = Policy::default()
         .with_http_hosts(hosts(&["127.0.0.1:*"]))
         // A variable every process has: only the grant stands in the way.
         .with_secret("search", secret("PATH", &["research-fetch"]));
-    let h = harness(Backend::Sqlite, policy).await.expect("sqlite");
-    h.register(&["http-probe"]).await;
-    let url = format!("http://127.0.0.1:{}/page", addr.port());
+    let (server, port, h) = probe_rig(policy).await;
+    let url = format!("http://127.0.0.1:{port}/page");
     for name in ["search", "vault"] {
         let headers = [["authorization", &format!("Bearer {{{{secret:{name}}}}}")]];
         let (_, result) = probe(&h, json!({ "url": url, "headers": headers })).await;
@@ -187,17 +136,14 @@ async fn a_secret_not_granted_is_refused_unsent() {
 /// unchecked: the 4 KiB body was handed over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_over_the_cap_is_refused() {
-    let server = Server::default();
-    let addr = server.start().await;
     let policy = Policy::default()
         .with_http_hosts(hosts(&["127.0.0.1:*"]))
         .with_caps(Caps {
             max_http_response_bytes: 1024,
             ..Caps::default()
         });
-    let h = harness(Backend::Sqlite, policy).await.expect("sqlite");
-    h.register(&["http-probe"]).await;
-    let url = format!("http://127.0.0.1:{}/big", addr.port());
+    let (_server, port, h) = probe_rig(policy).await;
+    let url = format!("http://127.0.0.1:{port}/big");
     let (run, result) = probe(&h, json!({ "url": url })).await;
     let error = result["error"].as_str().unwrap_or_default();
     assert!(error.contains("HttpResponseBodySize"), "{result}");
@@ -217,14 +163,14 @@ ratchet_tests::backend_tests! {
 /// dies with non-determinism and the server is not asked. Seen failing with
 /// the digest check removed (the recorded response was handed over).
 async fn another_request_fails(backend: Backend) {
-    let server = Server::default();
+    let server = EchoServer::default();
     let addr = server.start().await;
     let policy = Policy::default().with_http_hosts(hosts(&["127.0.0.1:*"]));
     let Some(h) = harness(backend, policy).await else {
         return;
     };
     h.register(&["http-probe"]).await;
-    let url = format!("http://127.0.0.1:{}/page", addr.port());
+    let url = format!("http://{addr}/page");
     let run = h
         .submit(PROBE, json!({ "url": url }).to_string().as_bytes())
         .await;
@@ -269,7 +215,7 @@ async fn another_request_fails(backend: Backend) {
 /// (the server counted two), and with the scrub skipped (the key was found
 /// in the page artifact and the database file).
 async fn research_after_sigkill(backend: Backend) {
-    let server = Server::default();
+    let server = EchoServer::default();
     let addr = server.start().await;
     let Some(h) = harness(backend, Policy::default()).await else {
         return;
@@ -278,19 +224,9 @@ async fn research_after_sigkill(backend: Backend) {
         .await;
     let secret = format!("sk-ratchet-{}", uuid_like());
     let dir = tempfile::tempdir().expect("dir");
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            "[http]\nallowed_hosts = [\"127.0.0.1:*\"]\n\n[secrets.search]\nenv = \"{SECRET_ENV}\"\nplugins = [\"research-fetch\"]\n"
-        ),
-    )
-    .expect("write policy");
-    let pipeline = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/research.toml"),
-    )
-    .expect("research.toml");
-    let url = format!("http://127.0.0.1:{}/page", addr.port());
+    let policy = research::policy(dir.path(), "research-fetch");
+    let pipeline = research::pipeline("research-fetch");
+    let url = format!("http://{addr}/page");
     let run = h.submit(&pipeline, url.as_bytes()).await;
 
     let worker = |id: &str| {
@@ -333,7 +269,7 @@ async fn research_after_sigkill(backend: Backend) {
     logs.push_str(&rest);
     assert_eq!(server.hits(), 1);
     assert_eq!(
-        *server.auth.lock().expect("auth"),
+        server.auth(),
         format!("Bearer {secret}"),
         "the host filled in the key on the way out"
     );

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 use crate::rig::{Rig, chain_pipeline, rig};
 use crate::{BenchConfig, Scratch, ms, per_s, percentile};
-use ratchet_runtime::relay::{Relay, RelayConfig, Sinks};
+use ratchet_runtime::relay::{Relay, RelayConfig, Sinks, envelope};
 use ratchet_runtime::store::{
     ArtifactPut, DeliveryFilter, DeliveryState, RawCompletion, StoreError,
 };
@@ -83,15 +83,33 @@ async fn measure(
     let relay_config = RelayConfig::new("bench");
     let in_flight = relay_config.claim_runs;
 
+    for i in 0..events {
+        let run = &runs[i % runs.len()];
+        commit_event(rig, run, job_id, &format!("backlog-{i}")).await?;
+    }
+    // The raw limit publishes what the relay will: each event's envelope
+    // on its subject (under `raw.`, and with an id of its own, so that the
+    // stream does not take the relay's as duplicates of them).
+    let messages: Vec<(String, String, Vec<u8>)> = rig
+        .store
+        .outbox_list(None)
+        .await?
+        .iter()
+        .map(|e| {
+            let subject = format!("bench-{tag}.raw.{}", e.event);
+            (subject, format!("raw-{}", e.dedup_key), envelope(e))
+        })
+        .collect();
+    let messages = Arc::new(messages);
     let start = Instant::now();
     let mut publishers = tokio::task::JoinSet::new();
     for lane in 0..in_flight {
-        let (js, subject) = (js.clone(), format!("bench-{tag}.raw"));
+        let (js, messages) = (js.clone(), messages.clone());
         publishers.spawn(async move {
-            for i in (lane..events).step_by(in_flight) {
+            for (subject, id, body) in messages.iter().skip(lane).step_by(in_flight) {
                 let publish = PublishMessage::build()
-                    .payload(format!("{{\"raw\":{i}}}").into())
-                    .message_id(format!("raw-{i}"));
+                    .payload(body.clone().into())
+                    .message_id(id);
                 js.send_publish(subject.clone(), publish).await?.await?;
             }
             anyhow::Ok(())
@@ -100,12 +118,8 @@ async fn measure(
     while let Some(done) = publishers.join_next().await {
         done??;
     }
-    let raw = per_s(events, start.elapsed());
+    let raw = per_s(messages.len(), start.elapsed());
 
-    for i in 0..events {
-        let run = &runs[i % runs.len()];
-        commit_event(rig, run, job_id, &format!("backlog-{i}")).await?;
-    }
     let sinks = Sinks::parse(
         "bench-sinks.toml",
         &format!(

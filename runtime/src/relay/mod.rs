@@ -5,10 +5,11 @@
 //! per sink that takes it, in one transaction. Each sink then has a loop
 //! of its own: it claims due deliveries with a lease, a run at a time (the
 //! run's earliest pending one and the next few after it), sends each run's
-//! one after another and the runs side by side (a signed webhook POST, or a
-//! JetStream publish and its acknowledgement), and records the round's
-//! results with the next claim in one transaction, each under its lease. A
-//! slow or dead sink only ever holds up itself.
+//! one after another on a lane of its own and the runs side by side (a
+//! signed webhook POST, or a JetStream publish and its acknowledgement),
+//! and records the finished lanes' results with the next claim in one
+//! transaction, each under its lease, while the other lanes send. A slow or
+//! dead sink only ever holds up itself.
 
 mod envelope;
 mod nats;
@@ -16,9 +17,10 @@ mod send;
 mod sinks;
 mod webhook;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
@@ -26,7 +28,7 @@ use tokio::sync::{Notify, watch};
 use crate::clock::Clock;
 use crate::store::{
     ClaimedDelivery, Deliveries, DeliveryClaim, DeliveryFinish, DeliveryResult, NewDelivery,
-    OutboxRow, Routing, StoreError,
+    Routing, StoreError, UnroutedEvent,
 };
 pub use envelope::envelope;
 pub use nats::SubjectTemplate;
@@ -49,7 +51,8 @@ pub struct RelayConfig {
     /// Longer than any sink's timeout: a lease lapses only when its relay
     /// is gone.
     pub lease_ms: i64,
-    /// Runs a sink's loop claims at once: the deliveries it has in flight.
+    /// Runs a sink sends side by side, each on a lane of its own (the
+    /// deliveries it has in flight); as many more wait, claimed, for a lane.
     pub claim_runs: usize,
     /// Deliveries of one run a claim takes, sent one after another.
     pub claim_per_run: usize,
@@ -123,6 +126,24 @@ impl Sent {
     fn retry(status: Option<i64>, error: String) -> Self {
         Self::Retryable { status, error }
     }
+}
+
+/// A claimed delivery and how its attempt ended.
+type Outcome = (ClaimedDelivery, DeliveryResult);
+
+/// A sink's runs being sent, each on a lane of its own.
+type Lanes = tokio::task::JoinSet<Vec<Outcome>>;
+
+/// A claimed run waiting for a lane: its deliveries in commit order, and
+/// when their lease ends.
+type Queued = (Vec<ClaimedDelivery>, i64);
+
+/// What a sink's transaction of books did: the outcomes it could not
+/// record (all of them, on an error), and what it claimed with the lease's
+/// end.
+struct Booked {
+    unrecorded: Vec<Outcome>,
+    claimed: Result<(Vec<ClaimedDelivery>, i64), StoreError>,
 }
 
 #[derive(Debug)]
@@ -220,23 +241,27 @@ impl Relay {
     pub async fn route(&self) -> Result<usize, StoreError> {
         let mut routed = 0;
         loop {
-            let events = self.store.outbox_unrouted(self.config.route_page).await?;
-            if events.is_empty() {
-                return Ok(routed);
-            }
-            let routing = self.routing(&events);
-            self.store.deliveries_route(&routing).await?;
-            routed += events.len();
-            self.stats
-                .routed
-                .fetch_add(events.len() as u64, Ordering::Relaxed);
-            if events.len() < self.config.route_page {
+            let page = self.route_page().await?;
+            routed += page;
+            if page < self.config.route_page {
                 return Ok(routed);
             }
         }
     }
 
-    fn routing(&self, events: &[OutboxRow]) -> Routing {
+    /// Routes the next page of events not yet routed; returns how many.
+    async fn route_page(&self) -> Result<usize, StoreError> {
+        let events = self.store.outbox_unrouted(self.config.route_page).await?;
+        if !events.is_empty() {
+            self.store.deliveries_route(&self.routing(&events)).await?;
+            self.stats
+                .routed
+                .fetch_add(events.len() as u64, Ordering::Relaxed);
+        }
+        Ok(events.len())
+    }
+
+    fn routing(&self, events: &[UnroutedEvent]) -> Routing {
         let deliveries = events
             .iter()
             .flat_map(|e| {
@@ -257,50 +282,44 @@ impl Relay {
         }
     }
 
-    /// One round of sink `index`: records the last round's results
-    /// (`sent`) and claims its due deliveries in one transaction, then sends
-    /// them, each run's in order and the runs together, and leaves their
-    /// results in `sent` for the next round (or [`Self::record`]). Returns
-    /// how many it claimed. On an error, `sent` is kept to be recorded
-    /// again.
-    async fn deliver_round(
-        &self,
-        index: usize,
-        sent: &mut Vec<(ClaimedDelivery, DeliveryResult)>,
-    ) -> Result<usize, StoreError> {
+    /// Records `batch` and claims up to `runs` runs' due deliveries for sink
+    /// `index`, in one transaction. Hands `batch` back unrecorded on an
+    /// error, to be recorded again.
+    async fn book(&self, index: usize, mut batch: Vec<Outcome>, runs: usize) -> Booked {
         let sink = &self.sinks[index];
-        let claim = DeliveryClaim {
+        let claim = (runs > 0).then(|| DeliveryClaim {
             relay: self.config.relay_id.clone(),
             sinks: vec![sink.config.name.clone()],
             now: self.clock.now_ms(),
             lease_ms: self.config.lease_ms,
-            runs: self.config.claim_runs,
+            runs,
             per_run: self.config.claim_per_run,
-        };
-        let claimed = self.record(&sink.config.name, sent, Some(&claim)).await?;
-        let count = claimed.len();
-        let mut runs: BTreeMap<String, Vec<ClaimedDelivery>> = BTreeMap::new();
-        for delivery in claimed {
-            runs.entry(delivery.event.run_id.clone())
-                .or_default()
-                .push(delivery);
+        });
+        let claimed = self
+            .record(&sink.config.name, &mut batch, claim.as_ref())
+            .await;
+        let lease_end = claim.map_or(0, |c| c.now + c.lease_ms);
+        Booked {
+            unrecorded: batch,
+            claimed: claimed.map(|c| (c, lease_end)),
         }
-        let lease_end = claim.now + claim.lease_ms;
-        let mut lanes = tokio::task::JoinSet::new();
-        for run in runs.into_values() {
-            let (sink, clock, stats) = (sink.clone(), self.clock.clone(), self.stats.clone());
+    }
+
+    /// Starts the queued runs of sink `index` on lanes of their own, each
+    /// run's deliveries in order, up to `claim_runs` runs side by side.
+    fn start_lanes(&self, index: usize, queued: &mut VecDeque<Queued>, lanes: &mut Lanes) {
+        while lanes.len() < self.config.claim_runs
+            && let Some((run, lease_end)) = queued.pop_front()
+        {
+            let (sink, clock, stats) = (
+                self.sinks[index].clone(),
+                self.clock.clone(),
+                self.stats.clone(),
+            );
             lanes.spawn(async move {
                 send::send_run(&sink, run, lease_end, clock.as_ref(), &stats).await
             });
         }
-        while let Some(done) = lanes.join_next().await {
-            // A run's sends that panicked: their leases lapse and they are
-            // retried.
-            if let Ok(results) = done {
-                sent.extend(results);
-            }
-        }
-        Ok(count)
     }
 
     /// Records `sent` (emptying it) and, with `claim`, claims the next
@@ -308,7 +327,7 @@ impl Relay {
     async fn record(
         &self,
         sink: &str,
-        sent: &mut Vec<(ClaimedDelivery, DeliveryResult)>,
+        sent: &mut Vec<Outcome>,
         claim: Option<&DeliveryClaim>,
     ) -> Result<Vec<ClaimedDelivery>, StoreError> {
         let now = self.clock.now_ms();
@@ -390,21 +409,35 @@ impl Relay {
                 tracing::warn!(sink = %sink.config.name, "{e}; its deliveries are retried");
             }
         }
-        if until_idle {
-            self.route().await?;
-        }
-        let routed = Arc::new(Notify::new());
+        let router = Arc::new(Router::default());
         let mut loops = tokio::task::JoinSet::new();
         for index in 0..self.sinks.len() {
-            let (relay, stop, routed) = (self.clone(), stop.clone(), routed.clone());
-            loops.spawn(async move { relay.sink_loop(index, until_idle, stop, &routed).await });
+            let (relay, stop, router) = (self.clone(), stop.clone(), router.clone());
+            loops.spawn(async move { relay.sink_loop(index, until_idle, stop, &router).await });
         }
-        while !until_idle && !*stop.borrow() {
-            match self.route().await {
-                Ok(0) => {}
-                Ok(_) => {
-                    routed.notify_waiters();
-                    continue;
+        // The sinks deliver what is routed while the rest is routed.
+        let mut failed = None;
+        while !*stop.borrow() {
+            match self.route_page().await {
+                Ok(n) => {
+                    if n > 0 {
+                        router.new_events.notify_waiters();
+                    }
+                    if n == self.config.route_page {
+                        continue;
+                    }
+                    router.caught_up.store(true, Ordering::Release);
+                    if until_idle {
+                        break;
+                    }
+                }
+                // Alone, a relay delivers what it routed and says why it
+                // stopped; beside a worker it carries on, as the worker
+                // does, once the database is back.
+                Err(e) if until_idle => {
+                    failed = Some(e);
+                    router.caught_up.store(true, Ordering::Release);
+                    break;
                 }
                 Err(e) => tracing::warn!("routing events failed, trying again: {e}"),
             }
@@ -413,45 +446,119 @@ impl Relay {
                 _ = stop.changed() => {}
             }
         }
+        router.new_events.notify_waiters();
         while let Some(done) = loops.join_next().await {
             if let Ok(result) = done {
                 result?;
             }
         }
-        Ok(self.stats.clone())
+        failed.map_or(Ok(self.stats.clone()), Err)
     }
 
+    /// Sink `index`'s loop. Its claimed runs are sent on lanes, up to
+    /// `claim_runs` side by side, and as many again wait, claimed, for a
+    /// lane; one transaction at a time records what the finished lanes sent
+    /// and claims runs for the queue. A lane that finishes starts the next
+    /// queued run at once: sending never waits for the books.
     async fn sink_loop(
         &self,
         index: usize,
         until_idle: bool,
         mut stop: watch::Receiver<bool>,
-        routed: &Notify,
+        router: &Router,
     ) -> Result<(), StoreError> {
-        let mut sent = Vec::new();
-        while !*stop.borrow() {
-            let woken = routed.notified();
-            match self.deliver_round(index, &mut sent).await {
-                Ok(0) => {}
-                Ok(_) => continue,
-                // Alone, a relay says why it stopped; beside a worker it
-                // carries on, as the worker does, once the database is back.
-                Err(e) if until_idle => return Err(e),
-                Err(e) => {
-                    let sink = &self.sinks[index].config.name;
-                    tracing::warn!(sink, "delivering failed, trying again: {e}");
+        let mut lanes = Lanes::new();
+        let mut queued: VecDeque<Queued> = VecDeque::new();
+        let mut sent: Vec<Outcome> = Vec::new();
+        let mut books: Option<Pin<Box<dyn Future<Output = Booked> + Send + '_>>> = None;
+        let mut woken = Box::pin(router.new_events.notified());
+        // The last claim found nothing due; the last transaction failed.
+        let (mut nothing_due, mut failed) = (false, false);
+        loop {
+            let stopped = *stop.borrow();
+            if stopped {
+                let unsent = queued.drain(..).flat_map(|(run, _)| run);
+                sent.extend(unsent.map(|d| (d, DeliveryResult::Unsent)));
+            }
+            let room = (2 * self.config.claim_runs).saturating_sub(lanes.len() + queued.len());
+            if books.is_none()
+                && !stopped
+                && !failed
+                && (!sent.is_empty() || room > 0 && !nothing_due)
+            {
+                woken = Box::pin(router.new_events.notified());
+                nothing_due = false;
+                books = Some(Box::pin(self.book(index, std::mem::take(&mut sent), room)));
+            }
+            if books.is_none() && lanes.is_empty() && queued.is_empty() {
+                if stopped {
+                    break;
+                }
+                if until_idle
+                    && !failed
+                    && router.caught_up.load(Ordering::Acquire)
+                    && self.pending(index).await? == 0
+                {
+                    break;
                 }
             }
-            if until_idle && self.pending(index).await? == 0 {
-                break;
-            }
+            let resting = books.is_none() && (nothing_due || failed);
             tokio::select! {
-                _ = tokio::time::sleep(self.config.poll) => {}
-                _ = woken => {}
-                _ = stop.changed() => {}
+                Some(done) = lanes.join_next() => {
+                    // A lane that panicked: its leases lapse and its
+                    // deliveries are retried.
+                    if let Ok(outcomes) = done {
+                        sent.extend(outcomes);
+                    }
+                    self.start_lanes(index, &mut queued, &mut lanes);
+                }
+                booked = async { books.as_mut().expect("guarded").await }, if books.is_some() => {
+                    books = None;
+                    sent.extend(booked.unrecorded);
+                    match booked.claimed {
+                        Ok((claimed, lease_end)) => {
+                            nothing_due = claimed.is_empty();
+                            queued.extend(by_run(claimed).map(|run| (run, lease_end)));
+                            if !*stop.borrow() {
+                                self.start_lanes(index, &mut queued, &mut lanes);
+                            }
+                        }
+                        Err(e) if until_idle => return Err(e),
+                        Err(e) => {
+                            let sink = &self.sinks[index].config.name;
+                            tracing::warn!(sink, "delivering failed, trying again: {e}");
+                            failed = true;
+                        }
+                    }
+                }
+                _ = tokio::time::sleep(self.config.poll), if resting => {
+                    (nothing_due, failed) = (false, false);
+                }
+                _ = &mut woken, if resting && !failed => nothing_due = false,
+                _ = stop.changed(), if !stopped => {}
             }
         }
         let sink = &self.sinks[index].config.name;
         self.record(sink, &mut sent, None).await.map(|_| ())
     }
+}
+
+/// Claimed deliveries by run, each run's in commit order.
+fn by_run(claimed: Vec<ClaimedDelivery>) -> impl Iterator<Item = Vec<ClaimedDelivery>> {
+    let mut runs: BTreeMap<String, Vec<ClaimedDelivery>> = BTreeMap::new();
+    for delivery in claimed {
+        runs.entry(delivery.event.run_id.clone())
+            .or_default()
+            .push(delivery);
+    }
+    runs.into_values()
+}
+
+/// What the router tells the sinks' loops.
+#[derive(Default)]
+struct Router {
+    /// Events were routed (or routing caught up).
+    new_events: Notify,
+    /// Every event committed before the relay started is routed.
+    caught_up: AtomicBool,
 }

@@ -248,7 +248,7 @@ macro_rules! impl_store {
 
         #[async_trait::async_trait]
         impl Deliveries for $store {
-            async fn outbox_unrouted(&self, limit: usize) -> Result<Vec<OutboxRow>> {
+            async fn outbox_unrouted(&self, limit: usize) -> Result<Vec<UnroutedEvent>> {
                 deliveries::unrouted(&self.pool, limit).await
             }
             async fn deliveries_route(&self, r: &Routing) -> Result<()> {

@@ -233,7 +233,7 @@ pub trait History: Send + Sync {
 pub trait Deliveries: Send + Sync {
     /// Up to `limit` committed events no relay has routed yet, oldest
     /// first.
-    async fn outbox_unrouted(&self, limit: usize) -> Result<Vec<OutboxRow>>;
+    async fn outbox_unrouted(&self, limit: usize) -> Result<Vec<UnroutedEvent>>;
     /// Creates the deliveries (those not there yet) and marks the events
     /// routed, in one transaction.
     async fn deliveries_route(&self, r: &Routing) -> Result<()>;

@@ -7,12 +7,17 @@ use sqlx::PgPool;
 use super::*;
 use crate::store::deliveries::{self, Finished, RouteTx};
 
-pub(super) async fn unrouted(pool: &PgPool, limit: usize) -> Result<Vec<OutboxRow>> {
-    let rows = sqlx::query("SELECT * FROM outbox WHERE routed_at IS NULL ORDER BY id LIMIT $1")
-        .bind(limit as i64)
-        .fetch_all(pool)
-        .await?;
-    rows.iter().map(rows::outbox_row).collect()
+pub(super) async fn unrouted(pool: &PgPool, limit: usize) -> Result<Vec<UnroutedEvent>> {
+    let rows: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT id, run_id, event FROM outbox WHERE routed_at IS NULL ORDER BY id LIMIT $1",
+    )
+    .bind(limit as i64)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, run_id, event)| UnroutedEvent { id, run_id, event })
+        .collect())
 }
 
 pub(super) async fn route(store: &PostgresStore, r: &Routing) -> Result<()> {

@@ -9,12 +9,17 @@ use crate::store::deliveries::{self, Finished, RouteTx};
 const CLAIMED_COLUMNS: &str = "o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload,
      o.created_at, o.routed_at, d.id AS delivery_id, d.sink, d.attempts, d.retrying_since";
 
-pub(super) async fn unrouted(pool: &SqlitePool, limit: usize) -> Result<Vec<OutboxRow>> {
-    let rows = sqlx::query("SELECT * FROM outbox WHERE routed_at IS NULL ORDER BY id LIMIT ?")
-        .bind(limit as i64)
-        .fetch_all(pool)
-        .await?;
-    rows.iter().map(rows::outbox_row).collect()
+pub(super) async fn unrouted(pool: &SqlitePool, limit: usize) -> Result<Vec<UnroutedEvent>> {
+    let rows: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT id, run_id, event FROM outbox WHERE routed_at IS NULL ORDER BY id LIMIT ?",
+    )
+    .bind(limit as i64)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, run_id, event)| UnroutedEvent { id, run_id, event })
+        .collect())
 }
 
 pub(super) async fn route(store: &SqliteStore, r: &Routing) -> Result<()> {

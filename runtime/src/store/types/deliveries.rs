@@ -60,6 +60,15 @@ pub struct Routing {
     pub now: i64,
 }
 
+/// What routing reads of an event not yet routed: its payload is read
+/// only when a delivery of it is claimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnroutedEvent {
+    pub id: i64,
+    pub run_id: String,
+    pub event: String,
+}
+
 /// One event routed to one sink.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NewDelivery {

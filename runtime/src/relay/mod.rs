@@ -236,19 +236,6 @@ impl Relay {
         self.stats.clone()
     }
 
-    /// Routes every event not yet routed, a page per transaction; returns
-    /// how many.
-    pub async fn route(&self) -> Result<usize, StoreError> {
-        let mut routed = 0;
-        loop {
-            let page = self.route_page().await?;
-            routed += page;
-            if page < self.config.route_page {
-                return Ok(routed);
-            }
-        }
-    }
-
     /// Routes the next page of events not yet routed; returns how many.
     async fn route_page(&self) -> Result<usize, StoreError> {
         let events = self.store.outbox_unrouted(self.config.route_page).await?;

@@ -96,3 +96,22 @@ pub fn policy(dir: &Path, fetch: &str) -> PathBuf {
     .expect("write policy");
     path
 }
+
+/// A `ratchet worker` of binary `bin` on the database at `url` under
+/// `policy`, working until idle one attempt at a time with a short lease,
+/// the `search` key set to `secret`.
+pub fn worker(
+    bin: &str,
+    url: &str,
+    policy: &Path,
+    id: &str,
+    secret: &str,
+) -> tokio::process::Command {
+    let mut cmd = crate::ratchet(bin, url);
+    cmd.arg("--policy")
+        .arg(policy)
+        .args(["worker", "--until-idle", "--concurrency", "1"])
+        .args(["--lease-ms", "300", "--worker-id", id])
+        .env(SECRET_ENV, secret);
+    cmd
+}

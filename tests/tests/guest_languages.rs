@@ -13,7 +13,7 @@ use ratchet_runtime::crash::CRASH_EXIT_CODE;
 use ratchet_runtime::digest::sha256_hex;
 use ratchet_runtime::plugin::HostConfig;
 use ratchet_runtime::registry;
-use ratchet_tests::research::{self, EchoServer, SECRET_ENV};
+use ratchet_tests::research::{self, EchoServer};
 use ratchet_tests::{Backend, Harness, output, ratchet, shared_component_cache};
 
 const BIN: &str = env!("CARGO_BIN_EXE_ratchet-under-test");
@@ -98,15 +98,7 @@ async fn a_python_stage_fetches_once_through_a_crash() {
         .await;
     let dir = tempfile::tempdir().expect("dir");
     let policy = research::policy(dir.path(), "research-fetch-py");
-    let worker = |id: &str| {
-        let mut cmd = ratchet(BIN, &h.url);
-        cmd.arg("--policy")
-            .arg(&policy)
-            .args(["worker", "--until-idle", "--concurrency", "1"])
-            .args(["--lease-ms", "300", "--worker-id", id])
-            .env(SECRET_ENV, "sk-python-test");
-        cmd
-    };
+    let worker = |id: &str| research::worker(BIN, &h.url, &policy, id, "sk-python-test");
     let mut doomed = worker("doomed");
     doomed.env("FAILPOINTS", "after_http_call=return(exit)");
     let out = output(doomed).await;

@@ -14,8 +14,8 @@ use ratchet_runtime::llm::StochasticModel;
 use ratchet_runtime::manifest::HostPattern;
 use ratchet_runtime::plugin::{Caps, HostConfig, Policy, SecretGrant};
 use ratchet_runtime::store::{CallKind, HttpReply, ModelCallPut};
-use ratchet_tests::research::{self, EchoServer, SECRET_ENV};
-use ratchet_tests::{BOUND, Backend, Harness, ratchet, shared_component_cache};
+use ratchet_tests::research::{self, EchoServer};
+use ratchet_tests::{BOUND, Backend, Harness, shared_component_cache};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
@@ -230,13 +230,8 @@ async fn research_after_sigkill(backend: Backend) {
     let run = h.submit(&pipeline, url.as_bytes()).await;
 
     let worker = |id: &str| {
-        let mut cmd = ratchet(BIN, &h.url);
-        cmd.arg("--policy")
-            .arg(&policy)
-            .args(["worker", "--until-idle", "--concurrency", "1"])
-            .args(["--lease-ms", "300", "--worker-id", id])
-            .env(SECRET_ENV, &secret)
-            .env("RATCHET_LOG", "ratchet_runtime=debug")
+        let mut cmd = research::worker(BIN, &h.url, &policy, id, &secret);
+        cmd.env("RATCHET_LOG", "ratchet_runtime=debug")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         cmd

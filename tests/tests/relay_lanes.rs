@@ -5,6 +5,7 @@
 //! without waiting for the books. On every backend, against a real webhook
 //! receiver.
 
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,6 +35,26 @@ struct Receiver {
     /// Each request's event id, and how many deliveries were recorded
     /// delivered when it came.
     seen: Mutex<Vec<(String, usize)>>,
+}
+
+/// Runs a relay under `config` until idle, its one sink the webhook
+/// receiver at `addr` (`extra`: more lines of the sink's table).
+async fn until_idle(h: &Harness, addr: SocketAddr, extra: &str, mut config: RelayConfig) {
+    let sinks = Sinks::parse(
+        "sinks.toml",
+        &format!(
+            "[[sink]]\nname = \"hooks\"\ntype = \"webhook\"\nurl = \"http://{addr}/hooks\"\nsecret_env = \"S\"\nevents = [\"*\"]\n{extra}"
+        ),
+    )
+    .expect("sinks file");
+    config.poll = Duration::from_millis(5);
+    let env = |_: &str| Some(SECRET.to_string());
+    let relay = Relay::new(h.store.clone(), &sinks, &env, h.clock.clone(), config).expect("relay");
+    let (_stop, stopped) = watch::channel(false);
+    tokio::time::timeout(BOUND, Arc::new(relay).run(true, stopped))
+        .await
+        .expect("idle within the bound")
+        .expect("relay ran");
 }
 
 async fn each_delivered_at_its_first_attempt(h: &Harness) {
@@ -98,23 +119,9 @@ async fn lease_bounds_a_round(backend: Backend) {
     let addr = ratchet_tests::serve_http(app).await;
 
     let h = &receiver.h;
-    let sinks = Sinks::parse(
-        "sinks.toml",
-        &format!(
-            "[[sink]]\nname = \"hooks\"\ntype = \"webhook\"\nurl = \"http://{addr}/hooks\"\nsecret_env = \"S\"\nevents = [\"*\"]\ntimeout_ms = {TIMEOUT_MS}\n"
-        ),
-    )
-    .expect("sinks file");
     let mut config = RelayConfig::new("lanes");
     config.lease_ms = LEASE_MS;
-    config.poll = Duration::from_millis(5);
-    let env = |_: &str| Some(SECRET.to_string());
-    let relay = Relay::new(h.store.clone(), &sinks, &env, h.clock.clone(), config).expect("relay");
-    let (_stop, stopped) = watch::channel(false);
-    tokio::time::timeout(BOUND, Arc::new(relay).run(true, stopped))
-        .await
-        .expect("idle within the bound")
-        .expect("relay ran");
+    until_idle(h, addr, &format!("timeout_ms = {TIMEOUT_MS}\n"), config).await;
 
     let seen = receiver
         .seen
@@ -249,23 +256,9 @@ async fn lanes_do_not_wait_for_the_books(backend: Backend) {
         .route("/hooks", axum::routing::post(held_books))
         .with_state(books.clone());
     let addr = ratchet_tests::serve_http(app).await;
-    let sinks = Sinks::parse(
-        "sinks.toml",
-        &format!(
-            "[[sink]]\nname = \"hooks\"\ntype = \"webhook\"\nurl = \"http://{addr}/hooks\"\nsecret_env = \"S\"\nevents = [\"*\"]\n"
-        ),
-    )
-    .expect("sinks file");
     let mut config = RelayConfig::new("lanes");
     config.claim_runs = 1;
-    config.poll = Duration::from_millis(5);
-    let env = |_: &str| Some(SECRET.to_string());
-    let relay = Relay::new(h.store.clone(), &sinks, &env, h.clock.clone(), config).expect("relay");
-    let (_stop, stopped) = watch::channel(false);
-    tokio::time::timeout(BOUND, Arc::new(relay).run(true, stopped))
-        .await
-        .expect("idle within the bound")
-        .expect("relay ran");
+    until_idle(&h, addr, "", config).await;
 
     let came = *books
         .came_while_held

@@ -14,10 +14,7 @@ pub(super) async fn unrouted(pool: &PgPool, limit: usize) -> Result<Vec<Unrouted
     .bind(limit as i64)
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, run_id, event)| UnroutedEvent { id, run_id, event })
-        .collect())
+    Ok(rows.into_iter().map(UnroutedEvent::from).collect())
 }
 
 pub(super) async fn route(store: &PostgresStore, r: &Routing) -> Result<()> {

@@ -16,10 +16,7 @@ pub(super) async fn unrouted(pool: &SqlitePool, limit: usize) -> Result<Vec<Unro
     .bind(limit as i64)
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, run_id, event)| UnroutedEvent { id, run_id, event })
-        .collect())
+    Ok(rows.into_iter().map(UnroutedEvent::from).collect())
 }
 
 pub(super) async fn route(store: &SqliteStore, r: &Routing) -> Result<()> {

@@ -69,6 +69,13 @@ pub struct UnroutedEvent {
     pub event: String,
 }
 
+impl From<(i64, String, String)> for UnroutedEvent {
+    /// From its columns `id, run_id, event`.
+    fn from((id, run_id, event): (i64, String, String)) -> Self {
+        Self { id, run_id, event }
+    }
+}
+
 /// One event routed to one sink.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NewDelivery {

@@ -323,6 +323,7 @@ impl Relay {
             .map(|(delivery, result)| DeliveryFinish {
                 id: delivery.id,
                 relay: self.config.relay_id.clone(),
+                lease: delivery.lease,
                 attempts: delivery.attempts,
                 result: result.clone(),
                 now,

@@ -25,8 +25,19 @@ pub(crate) async fn route(tx: &mut impl RouteTx, r: &Routing) -> Result<()> {
     Ok(())
 }
 
+/// The distinct leases `finished` were sent under, with their relay: the
+/// ones whose holder still has them are the ones recorded.
+pub(crate) fn leases(finished: &[super::DeliveryFinish]) -> Vec<(i64, i64, &str)> {
+    let mut leases: Vec<_> = finished
+        .iter()
+        .map(|f| (f.lease.holder, f.lease.attempts, f.relay.as_str()))
+        .collect();
+    leases.sort_unstable();
+    leases.dedup();
+    leases
+}
+
 /// The columns an attempt's result writes to its delivery row.
-#[derive(serde::Serialize)]
 pub(crate) struct Finished<'a> {
     pub state: super::DeliveryState,
     /// `None` keeps the row's.
@@ -35,8 +46,10 @@ pub(crate) struct Finished<'a> {
     pub error: Option<&'a str>,
     pub delivered_at: Option<i64>,
     /// Not sent ([`super::DeliveryResult::Unsent`]): the row keeps its last
-    /// status and error, and its attempt count goes back by the claim's one.
+    /// status and error, and its attempt count is the one before the claim.
     pub unsent: bool,
+    /// The row's attempts from now on.
+    pub attempts: i64,
 }
 
 impl<'a> Finished<'a> {
@@ -50,6 +63,7 @@ impl<'a> Finished<'a> {
                 error: None,
                 delivered_at: Some(f.now),
                 unsent: false,
+                attempts: f.attempts,
             },
             DeliveryResult::Retry { at, status, error } => Self {
                 state: DeliveryState::Pending,
@@ -58,6 +72,7 @@ impl<'a> Finished<'a> {
                 error: Some(error),
                 delivered_at: None,
                 unsent: false,
+                attempts: f.attempts,
             },
             DeliveryResult::Dead { status, error } => Self {
                 state: DeliveryState::Dead,
@@ -66,6 +81,7 @@ impl<'a> Finished<'a> {
                 error: Some(error),
                 delivered_at: None,
                 unsent: false,
+                attempts: f.attempts,
             },
             DeliveryResult::Unsent => Self {
                 state: DeliveryState::Pending,
@@ -74,6 +90,7 @@ impl<'a> Finished<'a> {
                 error: None,
                 delivered_at: None,
                 unsent: true,
+                attempts: f.attempts - 1,
             },
         }
     }

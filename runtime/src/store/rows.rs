@@ -363,6 +363,10 @@ pub(crate) fn claimed_delivery(row: &impl RowExt) -> Result<ClaimedDelivery> {
         sink: row.text("sink")?,
         attempts: row.int("attempts")?,
         retrying_since: row.int("retrying_since")?,
+        lease: DeliveryLease {
+            holder: row.int("lease_holder")?,
+            attempts: row.int("lease_attempts")?,
+        },
         event: outbox_row(row)?,
     })
 }

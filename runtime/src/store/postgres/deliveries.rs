@@ -2,6 +2,8 @@
 //! Claims skip rows another relay is claiming (`SKIP LOCKED`), so any
 //! number of relays share the work.
 
+use std::collections::HashSet;
+
 use sqlx::PgPool;
 
 use super::*;
@@ -86,9 +88,12 @@ pub(super) async fn finish_then_claim(
 }
 
 async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
+    // Only a span's head, the run's earliest pending delivery, records the
+    // lease (`DeliveryLease`); the statement reads the rows as they were
+    // before, so `attempts` adds the claim's.
     let rows = sqlx::query(
         "WITH heads AS (
-             SELECT d.run_id, d.sink, d.outbox_id FROM deliveries d
+             SELECT d.id, d.run_id, d.sink, d.outbox_id, d.attempts FROM deliveries d
              WHERE d.state = 'pending' AND d.next_at <= $2
                AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= $2)
                AND d.sink = ANY($4)
@@ -100,21 +105,25 @@ async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
              LIMIT $5
              FOR UPDATE SKIP LOCKED),
          spans AS (
-             SELECT n.id, count(*) FILTER (WHERE n.next_at > $2 OR n.lease_expires_at > $2)
-                              OVER (PARTITION BY n.run_id, n.sink ORDER BY n.outbox_id) AS held
+             SELECT n.id, h.id AS lease_holder, h.attempts + 1 AS lease_attempts,
+                    count(*) FILTER (WHERE n.next_at > $2 OR n.lease_expires_at > $2)
+                        OVER (PARTITION BY n.run_id, n.sink ORDER BY n.outbox_id) AS held
              FROM heads h CROSS JOIN LATERAL (
                  SELECT e.id, e.run_id, e.sink, e.outbox_id, e.next_at, e.lease_expires_at
                  FROM deliveries e
                  WHERE e.state = 'pending' AND e.run_id = h.run_id AND e.sink = h.sink
                    AND e.outbox_id >= h.outbox_id
                  ORDER BY e.outbox_id
-                 LIMIT $6) n)
-         UPDATE deliveries d SET lease_owner = $1, lease_expires_at = $2 + $3,
-                attempts = d.attempts + 1
-         FROM spans, outbox o
-         WHERE d.id = spans.id AND spans.held = 0 AND o.id = d.outbox_id
-         RETURNING o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload, o.created_at,
-                   o.routed_at, d.id AS delivery_id, d.sink, d.attempts, d.retrying_since",
+                 LIMIT $6) n),
+         leased AS (
+             UPDATE deliveries d SET lease_owner = $1, lease_expires_at = $2 + $3,
+                    attempts = d.attempts + 1
+             FROM heads h WHERE d.id = h.id)
+         SELECT o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload, o.created_at,
+                o.routed_at, d.id AS delivery_id, d.sink, d.attempts + 1 AS attempts,
+                d.retrying_since, s.lease_holder, s.lease_attempts
+         FROM spans s JOIN deliveries d ON d.id = s.id JOIN outbox o ON o.id = d.outbox_id
+         WHERE s.held = 0",
     )
     .bind(&c.relay)
     .bind(c.now)
@@ -132,20 +141,40 @@ async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
     Ok(claimed)
 }
 
-/// One statement for the whole round: each row's columns as arrays.
+/// Records the results sent under leases the relay still holds: the
+/// leases' rows locked first, so that no claim takes one over before the
+/// results are in; then one statement, each row's columns as arrays.
 async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
-    let rows: Vec<Finished<'_>> = finished.iter().map(Finished::of).collect();
-    let updated: Vec<i64> = sqlx::query_scalar(
+    let leases = deliveries::leases(finished);
+    let held: HashSet<i64> = sqlx::query_scalar(
+        "SELECT d.id FROM deliveries d
+         JOIN UNNEST($1::BIGINT[], $2::BIGINT[], $3::TEXT[]) AS l(id, attempts, relay)
+           ON d.id = l.id AND d.attempts = l.attempts AND d.lease_owner = l.relay
+         WHERE d.state = 'pending'
+         FOR UPDATE OF d",
+    )
+    .bind(column(&leases, |l| l.0))
+    .bind(column(&leases, |l| l.1))
+    .bind(column(&leases, |l| l.2))
+    .fetch_all(&mut **tx)
+    .await?
+    .into_iter()
+    .collect();
+    let held: Vec<&DeliveryFinish> = finished
+        .iter()
+        .filter(|f| held.contains(&f.lease.holder))
+        .collect();
+    let rows: Vec<Finished<'_>> = held.iter().map(|f| Finished::of(f)).collect();
+    let updated: HashSet<i64> = sqlx::query_scalar(
         "UPDATE deliveries d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
                 last_status = CASE WHEN x.unsent THEN d.last_status ELSE x.status END,
                 last_error = CASE WHEN x.unsent THEN d.last_error ELSE x.error END,
-                delivered_at = x.delivered_at, attempts = d.attempts - x.unsent::INT,
+                delivered_at = x.delivered_at, attempts = x.attempts,
                 lease_owner = NULL, lease_expires_at = NULL
          FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[],
-                     $6::BIGINT[], $7::TEXT[], $8::BIGINT[], $9::BOOLEAN[])
-              AS x(state, next_at, status, error, delivered_at, id, relay, attempts, unsent)
-         WHERE d.id = x.id AND d.lease_owner = x.relay AND d.attempts = x.attempts
-           AND d.state = 'pending'
+                     $6::BIGINT[], $7::BIGINT[], $8::BOOLEAN[])
+              AS x(state, next_at, status, error, delivered_at, id, attempts, unsent)
+         WHERE d.id = x.id AND d.state = 'pending'
          RETURNING d.id",
     )
     .bind(column(&rows, |w| w.state.as_str()))
@@ -153,13 +182,13 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
     .bind(column(&rows, |w| w.status))
     .bind(column(&rows, |w| w.error))
     .bind(column(&rows, |w| w.delivered_at))
-    .bind(column(finished, |f| f.id))
-    .bind(column(finished, |f| f.relay.as_str()))
-    .bind(column(finished, |f| f.attempts))
+    .bind(column(&held, |f| f.id))
+    .bind(column(&rows, |w| w.attempts))
     .bind(column(&rows, |w| w.unsent))
     .fetch_all(&mut **tx)
-    .await?;
-    let updated: std::collections::HashSet<i64> = updated.into_iter().collect();
+    .await?
+    .into_iter()
+    .collect();
     Ok(finished.iter().map(|f| updated.contains(&f.id)).collect())
 }
 

@@ -1,13 +1,11 @@
 //! `deliveries`: the relay's routing, claims and results (`store::deliveries`).
 
+use std::collections::HashSet;
+
 use sqlx::{SqliteConnection, SqlitePool};
 
 use super::*;
 use crate::store::deliveries::{self, Finished, RouteTx};
-
-/// The event columns of a claimed delivery, then the delivery's.
-const CLAIMED_COLUMNS: &str = "o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload,
-     o.created_at, o.routed_at, d.id AS delivery_id, d.sink, d.attempts, d.retrying_since";
 
 pub(super) async fn unrouted(pool: &SqlitePool, limit: usize) -> Result<Vec<UnroutedEvent>> {
     let rows: Vec<(i64, String, String)> = sqlx::query_as(
@@ -104,99 +102,121 @@ pub(super) async fn finish_then_claim(
     .await
 }
 
-/// One statement for the whole round: its rows as one JSON array.
+/// Records the results sent under leases the relay still holds, in one
+/// statement whose rows are JSON arrays (their columns by position).
 async fn finish(tx: &mut Tx<'_>, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
-    #[derive(serde::Serialize)]
-    struct Row<'a> {
-        id: i64,
-        relay: &'a str,
-        attempts: i64,
-        #[serde(flatten)]
-        columns: Finished<'a>,
-    }
-    let rows: Vec<Row<'_>> = finished
+    let leases: Vec<(i64, i64, &str)> = deliveries::leases(finished);
+    let held: HashSet<i64> = sqlx::query_scalar(
+        "SELECT d.id FROM jsonb_each(?) AS l JOIN deliveries d ON d.id = l.value ->> 0
+         WHERE d.attempts = l.value ->> 1 AND d.lease_owner = l.value ->> 2
+           AND d.state = 'pending'",
+    )
+    .bind(to_json(&leases))
+    .fetch_all(&mut **tx)
+    .await?
+    .into_iter()
+    .collect();
+    let rows: Vec<_> = finished
         .iter()
-        .map(|f| Row {
-            id: f.id,
-            relay: &f.relay,
-            attempts: f.attempts,
-            columns: Finished::of(f),
+        .filter(|f| held.contains(&f.lease.holder))
+        .map(|f| {
+            let w = Finished::of(f);
+            (
+                f.id,
+                w.state.as_str(),
+                w.next_at,
+                w.status,
+                w.error,
+                w.delivered_at,
+                w.attempts,
+                w.unsent,
+            )
         })
         .collect();
-    let updated: Vec<i64> = sqlx::query_scalar(
+    let updated: HashSet<i64> = sqlx::query_scalar(
         "UPDATE deliveries AS d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
                 last_status = CASE WHEN x.unsent THEN d.last_status ELSE x.status END,
                 last_error = CASE WHEN x.unsent THEN d.last_error ELSE x.error END,
-                delivered_at = x.delivered_at, attempts = d.attempts - x.unsent,
+                delivered_at = x.delivered_at, attempts = x.attempts,
                 lease_owner = NULL, lease_expires_at = NULL
-         FROM (SELECT value ->> 'id' AS id, value ->> 'relay' AS relay,
-                      value ->> 'attempts' AS attempts, value ->> 'state' AS state,
-                      value ->> 'next_at' AS next_at, value ->> 'status' AS status,
-                      value ->> 'error' AS error, value ->> 'delivered_at' AS delivered_at,
-                      value ->> 'unsent' AS unsent
+         FROM (SELECT value ->> 0 AS id, value ->> 1 AS state, value ->> 2 AS next_at,
+                      value ->> 3 AS status, value ->> 4 AS error, value ->> 5 AS delivered_at,
+                      value ->> 6 AS attempts, value ->> 7 AS unsent
                FROM jsonb_each(?)) AS x
-         WHERE d.id = x.id AND d.lease_owner = x.relay AND d.attempts = x.attempts
-           AND d.state = 'pending'
+         WHERE d.id = x.id AND d.state = 'pending'
          RETURNING id",
     )
     .bind(to_json(&rows))
     .fetch_all(&mut **tx)
-    .await?;
-    let updated: std::collections::HashSet<i64> = updated.into_iter().collect();
+    .await?
+    .into_iter()
+    .collect();
     Ok(finished.iter().map(|f| updated.contains(&f.id)).collect())
 }
 
 async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
     // A run's span ends at its `per_run`-th pending delivery (the bound
     // keeps the window below from reading a long backlog whole), and before
-    // the first one leased or waiting for a retry.
-    let ids: Vec<i64> = sqlx::query_scalar(
-        "UPDATE deliveries SET lease_owner = ?1, lease_expires_at = ?2 + ?3,
-                attempts = attempts + 1
-         WHERE id IN (
-             WITH heads AS (
-                 SELECT d.run_id, d.sink, d.outbox_id FROM deliveries d
-                 WHERE d.state = 'pending' AND d.next_at <= ?2
-                   AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= ?2)
-                   AND d.sink IN (SELECT value FROM jsonb_each(?4))
-                   AND NOT EXISTS (
-                       SELECT 1 FROM deliveries e
-                       WHERE e.state = 'pending' AND e.run_id = d.run_id AND e.sink = d.sink
-                         AND e.outbox_id < d.outbox_id)
-                 ORDER BY d.next_at, d.outbox_id
-                 LIMIT ?5),
-             spans AS (
-                 SELECT e.id, count(*) FILTER (WHERE e.next_at > ?2 OR e.lease_expires_at > ?2)
-                                  OVER (PARTITION BY e.run_id, e.sink ORDER BY e.outbox_id) AS held
-                 FROM heads h JOIN deliveries e
-                   ON e.state = 'pending' AND e.run_id = h.run_id AND e.sink = h.sink
-                  AND e.outbox_id >= h.outbox_id
-                  AND e.outbox_id <= COALESCE(
-                      (SELECT x.outbox_id FROM deliveries x
-                       WHERE x.state = 'pending' AND x.run_id = h.run_id AND x.sink = h.sink
-                         AND x.outbox_id >= h.outbox_id
-                       ORDER BY x.outbox_id LIMIT 1 OFFSET ?6 - 1),
-                      9223372036854775807))
-             SELECT id FROM spans WHERE held = 0)
-         RETURNING id",
+    // the first one leased or waiting for a retry. Only its head, the run's
+    // earliest pending delivery, records the lease (`DeliveryLease`).
+    let rows = sqlx::query(
+        "WITH heads AS (
+             SELECT d.id, d.run_id, d.sink, d.outbox_id, d.attempts FROM deliveries d
+             WHERE d.state = 'pending' AND d.next_at <= ?1
+               AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= ?1)
+               AND d.sink IN (SELECT value FROM jsonb_each(?2))
+               AND NOT EXISTS (
+                   SELECT 1 FROM deliveries e
+                   WHERE e.state = 'pending' AND e.run_id = d.run_id AND e.sink = d.sink
+                     AND e.outbox_id < d.outbox_id)
+             ORDER BY d.next_at, d.outbox_id
+             LIMIT ?3),
+         spans AS (
+             SELECT e.id, h.id AS lease_holder, h.attempts + 1 AS lease_attempts,
+                    count(*) FILTER (WHERE e.next_at > ?1 OR e.lease_expires_at > ?1)
+                        OVER (PARTITION BY e.run_id, e.sink ORDER BY e.outbox_id) AS held
+             FROM heads h JOIN deliveries e
+               ON e.state = 'pending' AND e.run_id = h.run_id AND e.sink = h.sink
+              AND e.outbox_id >= h.outbox_id
+              AND e.outbox_id <= COALESCE(
+                  (SELECT x.outbox_id FROM deliveries x
+                   WHERE x.state = 'pending' AND x.run_id = h.run_id AND x.sink = h.sink
+                     AND x.outbox_id >= h.outbox_id
+                   ORDER BY x.outbox_id LIMIT 1 OFFSET ?4 - 1),
+                  9223372036854775807))
+         SELECT o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload, o.created_at,
+                o.routed_at, d.id AS delivery_id, d.sink, d.attempts + 1 AS attempts,
+                d.retrying_since, s.lease_holder, s.lease_attempts
+         FROM spans s JOIN deliveries d ON d.id = s.id JOIN outbox o ON o.id = d.outbox_id
+         WHERE s.held = 0 ORDER BY o.id, d.sink",
     )
-    .bind(&c.relay)
     .bind(c.now)
-    .bind(c.lease_ms)
     .bind(to_json(&c.sinks))
     .bind(c.runs as i64)
     .bind(c.per_run as i64)
     .fetch_all(&mut **tx)
     .await?;
-    let sql = format!(
-        "SELECT {CLAIMED_COLUMNS} FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
-         WHERE d.id IN (SELECT value FROM jsonb_each(?)) ORDER BY o.id, d.sink"
-    );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(to_json(&ids))
-        .fetch_all(&mut **tx)
-        .await?;
-    rows.iter().map(rows::claimed_delivery).collect()
+    let claimed = rows
+        .iter()
+        .map(rows::claimed_delivery)
+        .collect::<Result<Vec<_>>>()?;
+    let holders: Vec<i64> = claimed
+        .iter()
+        .filter(|d| d.lease.holder == d.id)
+        .map(|d| d.id)
+        .collect();
+    sqlx::query(
+        "UPDATE deliveries SET lease_owner = ?1, lease_expires_at = ?2 + ?3,
+                attempts = attempts + 1
+         WHERE id IN (SELECT value FROM jsonb_each(?4))",
+    )
+    .bind(&c.relay)
+    .bind(c.now)
+    .bind(c.lease_ms)
+    .bind(to_json(&holders))
+    .execute(&mut **tx)
+    .await?;
+    Ok(claimed)
 }
 
 pub(super) async fn list(pool: &SqlitePool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {

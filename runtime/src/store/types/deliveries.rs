@@ -105,11 +105,25 @@ pub struct DeliveryClaim {
 pub struct ClaimedDelivery {
     pub id: i64,
     pub sink: String,
-    /// Attempts so far, this one included: the lease's fence.
+    /// Attempts so far, this one included.
     pub attempts: i64,
     /// When the current series of attempts began (created, or redelivered).
     pub retrying_since: i64,
+    /// The lease it is sent under.
+    pub lease: DeliveryLease,
     pub event: OutboxRow,
+}
+
+/// A claim's lease on a run's deliveries to a sink. Only the first of
+/// them, the run's earliest pending one, records it (its owner, its end and
+/// an attempt more): a claim never takes a run whose earliest pending
+/// delivery is leased, so that one row holds the rest too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeliveryLease {
+    /// The delivery whose row records the lease.
+    pub holder: i64,
+    /// Its attempts, the claim's included: the lease's fence.
+    pub attempts: i64,
 }
 
 /// How one attempt to deliver ended.
@@ -135,11 +149,14 @@ pub enum DeliveryResult {
     Unsent,
 }
 
-/// The outcome of a claimed delivery's attempt, fenced on its lease.
+/// The outcome of a claimed delivery's attempt, recorded only while
+/// `relay` still holds `lease`.
 #[derive(Debug, Clone)]
 pub struct DeliveryFinish {
     pub id: i64,
     pub relay: String,
+    pub lease: DeliveryLease,
+    /// The claimed delivery's attempts, this one included.
     pub attempts: i64,
     pub result: DeliveryResult,
     pub now: i64,

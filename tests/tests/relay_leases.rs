@@ -1,0 +1,163 @@
+//! One lease covers a run's claimed deliveries to a sink, and only the
+//! first of them, the run's earliest pending one, records it: while it
+//! holds, another claim takes none of the run; once it lapses and another
+//! relay takes the run over, the first relay's results are recorded for
+//! none of them, the later ones included. On every backend, through the
+//! store's own calls and a clock moved by hand.
+//!
+//! Seen failing on both backends with the results recorded without the
+//! check of the lease's holder: all four of the lapsed relay's results
+//! were recorded (its dead letter for the run's second event among them)
+//! while the new relay held the run.
+
+use std::sync::Arc;
+
+use ratchet_runtime::clock::{Clock, ManualClock};
+use ratchet_runtime::store::{
+    ClaimedDelivery, DeliveryClaim, DeliveryFilter, DeliveryFinish, DeliveryResult, DeliveryRow,
+    DeliveryState, NewDelivery, Routing,
+};
+use ratchet_tests::events::commit_chains;
+use ratchet_tests::{Backend, Harness};
+
+ratchet_tests::backend_tests! {
+    a_lapsed_lease_records_none_of_its_runs_results => lapsed_lease;
+}
+
+const LEASE_MS: i64 = 60_000;
+
+fn claim(relay: &str, now: i64) -> DeliveryClaim {
+    DeliveryClaim {
+        relay: relay.into(),
+        sinks: vec!["hooks".into()],
+        now,
+        lease_ms: LEASE_MS,
+        runs: 8,
+        per_run: 16,
+    }
+}
+
+/// `relay`'s results for `claimed`, one each.
+fn finished(
+    relay: &str,
+    claimed: &[ClaimedDelivery],
+    results: &[DeliveryResult],
+    now: i64,
+) -> Vec<DeliveryFinish> {
+    claimed
+        .iter()
+        .zip(results)
+        .map(|(d, result)| DeliveryFinish {
+            id: d.id,
+            relay: relay.into(),
+            lease: d.lease,
+            attempts: d.attempts,
+            result: result.clone(),
+            now,
+        })
+        .collect()
+}
+
+async fn rows(h: &Harness) -> Vec<DeliveryRow> {
+    h.store
+        .delivery_list(&DeliveryFilter::default())
+        .await
+        .expect("deliveries")
+}
+
+async fn lapsed_lease(backend: Backend) {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let Some(h) = Harness::on(backend, clock.clone()).await else {
+        return;
+    };
+    commit_chains(&h, 1, &["a.one", "a.two", "a.three"]).await;
+    let events = h.store.outbox_unrouted(100).await.expect("events");
+    let routing = Routing {
+        events: events.iter().map(|e| e.id).collect(),
+        deliveries: events
+            .iter()
+            .map(|e| NewDelivery {
+                outbox_id: e.id,
+                sink: "hooks".into(),
+                run_id: e.run_id.clone(),
+            })
+            .collect(),
+        now: clock.now_ms(),
+    };
+    h.store.deliveries_route(&routing).await.expect("routed");
+    let n = events.len();
+    assert_eq!(n, 4, "three stages' events and the run's own");
+
+    let claim_as = async |relay: &str| {
+        let c = claim(relay, clock.now_ms());
+        let (_, claimed) = h
+            .store
+            .deliveries_finish_then_claim(&[], Some(&c))
+            .await
+            .expect("claim");
+        claimed
+    };
+    let first = claim_as("first").await;
+    assert_eq!(first.len(), n, "the run's events in one claim");
+    let head = first[0].id;
+    assert!(first.iter().all(|d| d.lease.holder == head));
+    assert_eq!(first[0].lease.attempts, 1);
+    assert!(first.iter().all(|d| d.attempts == 1), "{first:?}");
+    assert!(
+        claim_as("second").await.is_empty(),
+        "the run is leased while its first delivery's lease holds"
+    );
+
+    clock.advance(LEASE_MS + 1);
+    let second = claim_as("second").await;
+    assert_eq!(second.len(), n, "the lapsed lease's run taken over");
+    assert!(second.iter().all(|d| d.lease.holder == head));
+    assert_eq!(second[0].lease.attempts, 2);
+
+    let stale = [
+        DeliveryResult::Delivered { status: Some(200) },
+        DeliveryResult::Dead {
+            status: Some(400),
+            error: "refused".into(),
+        },
+        DeliveryResult::Unsent,
+        DeliveryResult::Delivered { status: Some(200) },
+    ];
+    let (recorded, _) = h
+        .store
+        .deliveries_finish_then_claim(&finished("first", &first, &stale, clock.now_ms()), None)
+        .await
+        .expect("stale results");
+    assert_eq!(recorded, vec![false; n], "nothing under a lapsed lease");
+    let after_stale = rows(&h).await;
+    assert!(
+        after_stale
+            .iter()
+            .all(|d| d.state == DeliveryState::Pending),
+        "{after_stale:?}"
+    );
+    let attempts: Vec<i64> = after_stale.iter().map(|d| d.attempts).collect();
+    assert_eq!(
+        attempts,
+        vec![2, 0, 0, 0],
+        "only the lease's row counts claims"
+    );
+
+    let delivered = vec![DeliveryResult::Delivered { status: Some(200) }; n];
+    let (recorded, _) = h
+        .store
+        .deliveries_finish_then_claim(
+            &finished("second", &second, &delivered, clock.now_ms()),
+            None,
+        )
+        .await
+        .expect("results");
+    assert_eq!(recorded, vec![true; n], "all under the live lease");
+    let done = rows(&h).await;
+    assert!(
+        done.iter().all(|d| d.state == DeliveryState::Delivered),
+        "{done:?}"
+    );
+    let attempts: Vec<i64> = done.iter().map(|d| d.attempts).collect();
+    assert_eq!(attempts, vec![2, 1, 1, 1], "each sent once more");
+}

@@ -160,11 +160,11 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
     .await?
     .into_iter()
     .collect();
-    let held: Vec<&DeliveryFinish> = finished
+    let live: Vec<&DeliveryFinish> = finished
         .iter()
         .filter(|f| held.contains(&f.lease.holder))
         .collect();
-    let rows: Vec<Finished<'_>> = held.iter().map(|f| Finished::of(f)).collect();
+    let rows: Vec<Finished<'_>> = live.iter().map(|f| Finished::of(f)).collect();
     let updated: HashSet<i64> = sqlx::query_scalar(
         "UPDATE deliveries d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
                 last_status = CASE WHEN x.unsent THEN d.last_status ELSE x.status END,
@@ -182,7 +182,7 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
     .bind(column(&rows, |w| w.status))
     .bind(column(&rows, |w| w.error))
     .bind(column(&rows, |w| w.delivered_at))
-    .bind(column(&held, |f| f.id))
+    .bind(column(&live, |f| f.id))
     .bind(column(&rows, |w| w.attempts))
     .bind(column(&rows, |w| w.unsent))
     .fetch_all(&mut **tx)

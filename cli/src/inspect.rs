@@ -440,10 +440,7 @@ pub async fn audit(
     };
     let mut report =
         ratchet_runtime::audit::audit_store(env.store.as_ref(), run, &mut progress).await?;
-    if let Some(sinks) = sinks {
-        ratchet_runtime::audit::audit_deliveries(env.store.as_ref(), sinks, run, &mut report)
-            .await?;
-    }
+    ratchet_runtime::audit::audit_deliveries(env.store.as_ref(), sinks, run, &mut report).await?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

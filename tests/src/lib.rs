@@ -18,7 +18,7 @@ use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratchet_runtime::audit::{AuditReport, audit_store};
+use ratchet_runtime::audit::{AuditReport, audit_deliveries, audit_store};
 use ratchet_runtime::bundled::PLUGIN_DIR;
 use ratchet_runtime::clock::{Clock, SystemClock};
 use ratchet_runtime::llm::{ModelBackend, StochasticModel};
@@ -299,10 +299,15 @@ impl Harness {
             .to_string()
     }
 
+    /// The audit of every run, and of every delivery's event.
     pub async fn audit(&self) -> AuditReport {
-        audit_store(self.store.as_ref(), None, &mut |_| {})
+        let mut report = audit_store(self.store.as_ref(), None, &mut |_| {})
             .await
-            .expect("audit")
+            .expect("audit");
+        audit_deliveries(self.store.as_ref(), None, None, &mut report)
+            .await
+            .expect("audit of deliveries");
+        report
     }
 
     pub async fn json(&self, run: &str, stage: &str, output: &str) -> Value {

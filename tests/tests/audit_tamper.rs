@@ -136,6 +136,23 @@ async fn tampered_invariants_are_named(backend: Backend) {
         "after the run failed",
     )
     .await;
+    // A delivery whose event is gone. Only PostgreSQL can hold one: SQLite
+    // keeps the foreign key that PostgreSQL dropped (migration 0023), whose
+    // guard the audit now is. Seen failing with the audit's check of the
+    // event left out: the delivery passed as clean.
+    if backend == Backend::Postgres {
+        caught(
+            &h,
+            &format!(
+                "INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
+                                         created_at)
+                 VALUES (-1, 'hooks', '{run}', 'pending', 0, 0, 0)"
+            ),
+            "DELETE FROM deliveries WHERE outbox_id = -1",
+            "names event -1, which is not in the outbox",
+        )
+        .await;
+    }
     let zeroed = match backend {
         Backend::Sqlite => "X'00'",
         Backend::Postgres => "'\\x00'::BYTEA",

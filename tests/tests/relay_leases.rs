@@ -1,3 +1,5 @@
+//! The relay's store calls, on every backend.
+//!
 //! One lease covers a run's claimed deliveries to a sink, and only the
 //! first of them, the run's earliest pending one, records it: while it
 //! holds, another claim takes none of the run; once it lapses and another
@@ -22,6 +24,7 @@ use ratchet_tests::{Backend, Harness};
 
 ratchet_tests::backend_tests! {
     a_lapsed_lease_records_none_of_its_runs_results => lapsed_lease;
+    events_unrouted_before_an_upgrade_are_routed_after_it => unrouted_across_upgrade;
 }
 
 const LEASE_MS: i64 = 60_000;
@@ -160,4 +163,46 @@ async fn lapsed_lease(backend: Backend) {
     );
     let attempts: Vec<i64> = done.iter().map(|d| d.attempts).collect();
     assert_eq!(attempts, vec![2, 1, 1, 1], "each sent once more");
+}
+
+/// An event committed and not yet routed before migration 0023 (on
+/// PostgreSQL, where routing's mark moved from the event's row to a queue
+/// of ids, ADR 0035) is still to be routed after it, one already routed is
+/// not, and an event inserted afterwards by any statement joins the queue.
+/// Seen failing on PostgreSQL with the migration's copy of the unrouted ids
+/// left out (nothing was to be routed), and with its trigger left out (the
+/// new event was never routed).
+async fn unrouted_across_upgrade(backend: Backend) {
+    let rows =
+        "INSERT INTO runs (id, pipeline, state, created_at) VALUES ('r', 'one', 'running', 0);
+         INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at, routed_at)
+             VALUES ('r/a/x', 'r', 'a', 'x', '{}', 0, NULL), ('r/b/y', 'r', 'b', 'y', '{}', 0, 5);";
+    let Some((_dir, url)) = ratchet_tests::database_at_version(backend, 22, rows).await else {
+        return;
+    };
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let h = Harness::at_url(url, clock.clone()).await;
+    let unrouted = async || {
+        let events = h.store.outbox_unrouted(10).await.expect("unrouted");
+        events.into_iter().map(|e| e.event).collect::<Vec<_>>()
+    };
+    assert_eq!(unrouted().await, ["x"]);
+    h.raw_sql(
+        "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
+         VALUES ('r/c/z', 'r', 'c', 'z', '{}', 1)",
+    )
+    .await;
+    assert_eq!(unrouted().await, ["x", "z"]);
+    let events = h.store.outbox_unrouted(10).await.expect("unrouted");
+    let routing = Routing {
+        events: events.iter().map(|e| e.id).collect(),
+        deliveries: Vec::new(),
+        now: clock.now_ms(),
+    };
+    h.store.deliveries_route(&routing).await.expect("routed");
+    assert!(
+        unrouted().await.is_empty(),
+        "routed: {:?}",
+        unrouted().await
+    );
 }

@@ -1,16 +1,18 @@
-//! The audit of deliveries: each one made to a sink that takes its event.
+//! The audit of deliveries: each one of an event in the outbox, made to a
+//! sink that takes it.
 
 use super::{AuditReport, CONTINUATION, RUNS_PER_PAGE, Violation};
 use crate::relay::Sinks;
 use crate::store::{DeliveryFilter, Store, StoreError};
 
 /// Adds to `report` each delivery of `run` (or of every run, one run's
-/// deliveries in memory at a time) made to a sink of `sinks` that does not
-/// take its event. A delivery to a sink the file no longer has is not
-/// judged: it waits for a relay whose file has it.
+/// deliveries in memory at a time) whose event is not in the outbox and,
+/// given the sinks file, each made to a sink of it that does not take its
+/// event. A delivery to a sink the file no longer has is not judged: it
+/// waits for a relay whose file has it.
 pub async fn audit_deliveries(
     store: &dyn Store,
-    sinks: &Sinks,
+    sinks: Option<&Sinks>,
     run: Option<&str>,
     report: &mut AuditReport,
 ) -> Result<(), StoreError> {
@@ -32,7 +34,7 @@ pub async fn audit_deliveries(
 
 async fn audit_run_deliveries(
     store: &dyn Store,
-    sinks: &Sinks,
+    sinks: Option<&Sinks>,
     run: &str,
     report: &mut AuditReport,
 ) -> Result<(), StoreError> {
@@ -41,7 +43,21 @@ async fn audit_run_deliveries(
         state: None,
     };
     for d in store.delivery_list(&filter).await? {
-        let Some(sink) = sinks.sinks.iter().find(|s| s.name == d.sink) else {
+        // Listed with an empty key: its event is not in the outbox (no
+        // foreign key keeps it there on PostgreSQL, migration 0023).
+        if d.dedup_key.is_empty() {
+            report.violations.push(Violation {
+                invariant: CONTINUATION,
+                run_id: d.run_id,
+                stage: "-".into(),
+                detail: format!(
+                    "delivery {} to sink `{}` names event {}, which is not in the outbox",
+                    d.id, d.sink, d.outbox_id
+                ),
+            });
+            continue;
+        }
+        let Some(sink) = sinks.and_then(|f| f.sinks.iter().find(|s| s.name == d.sink)) else {
             continue;
         };
         if !sink.takes(&d.event) {

@@ -351,7 +351,6 @@ pub(crate) fn outbox_row(row: &impl RowExt) -> Result<OutboxRow> {
         event: row.text("event")?,
         payload: row.text("payload")?,
         created_at: row.int("created_at")?,
-        routed_at: row.opt_int("routed_at")?,
     })
 }
 

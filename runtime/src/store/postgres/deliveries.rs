@@ -10,8 +10,13 @@ use super::*;
 use crate::store::deliveries::{self, Finished, RouteTx};
 
 pub(super) async fn unrouted(pool: &PgPool, limit: usize) -> Result<Vec<UnroutedEvent>> {
+    // The queue's ids first, then their events by key: a join lets the
+    // planner, with the queue's statistics stale (it fills and empties
+    // quickly), merge it with a walk over the whole outbox.
     let rows: Vec<(i64, String, String)> = sqlx::query_as(
-        "SELECT id, run_id, event FROM outbox WHERE routed_at IS NULL ORDER BY id LIMIT $1",
+        "SELECT id, run_id, event FROM outbox
+         WHERE id = ANY(ARRAY(SELECT id FROM outbox_unrouted ORDER BY id LIMIT $1))
+         ORDER BY id",
     )
     .bind(limit as i64)
     .fetch_all(pool)
@@ -58,10 +63,11 @@ impl RouteTx for RoutingTx<'_> {
         Ok(())
     }
 
-    async fn outbox_mark_routed(&mut self, events: &[i64], now: i64) -> Result<()> {
-        sqlx::query("UPDATE outbox SET routed_at = $2 WHERE id = ANY($1) AND routed_at IS NULL")
+    /// Takes the events out of the queue of unrouted ones (migration 0023):
+    /// their rows are left as they are.
+    async fn outbox_mark_routed(&mut self, events: &[i64], _now: i64) -> Result<()> {
+        sqlx::query("DELETE FROM outbox_unrouted WHERE id = ANY($1)")
             .bind(events)
-            .bind(now)
             .execute(&mut **self.0)
             .await?;
         Ok(())
@@ -120,7 +126,7 @@ async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
                     attempts = d.attempts + 1
              FROM heads h WHERE d.id = h.id)
          SELECT o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload, o.created_at,
-                o.routed_at, d.id AS delivery_id, d.sink, d.attempts + 1 AS attempts,
+                d.id AS delivery_id, d.sink, d.attempts + 1 AS attempts,
                 d.retrying_since, s.lease_holder, s.lease_attempts
          FROM spans s JOIN deliveries d ON d.id = s.id JOIN outbox o ON o.id = d.outbox_id
          WHERE s.held = 0",
@@ -194,7 +200,9 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
 
 pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
     let rows = sqlx::query(
-        "SELECT d.*, o.dedup_key, o.event, o.stage FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
+        "SELECT d.*, COALESCE(o.dedup_key, '') AS dedup_key, COALESCE(o.event, '') AS event,
+                COALESCE(o.stage, '') AS stage
+         FROM deliveries d LEFT JOIN outbox o ON o.id = d.outbox_id
          WHERE ($1::TEXT IS NULL OR d.run_id = $1) AND ($2::TEXT IS NULL OR d.state = $2)
          ORDER BY d.outbox_id, d.sink",
     )

@@ -185,7 +185,7 @@ async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery
                    ORDER BY x.outbox_id LIMIT 1 OFFSET ?4 - 1),
                   9223372036854775807))
          SELECT o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload, o.created_at,
-                o.routed_at, d.id AS delivery_id, d.sink, d.attempts + 1 AS attempts,
+                d.id AS delivery_id, d.sink, d.attempts + 1 AS attempts,
                 d.retrying_since, s.lease_holder, s.lease_attempts
          FROM spans s JOIN deliveries d ON d.id = s.id JOIN outbox o ON o.id = d.outbox_id
          WHERE s.held = 0 ORDER BY o.id, d.sink",
@@ -221,7 +221,9 @@ async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery
 
 pub(super) async fn list(pool: &SqlitePool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
     let rows = sqlx::query(
-        "SELECT d.*, o.dedup_key, o.event, o.stage FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
+        "SELECT d.*, COALESCE(o.dedup_key, '') AS dedup_key, COALESCE(o.event, '') AS event,
+                COALESCE(o.stage, '') AS stage
+         FROM deliveries d LEFT JOIN outbox o ON o.id = d.outbox_id
          WHERE (?1 IS NULL OR d.run_id = ?1) AND (?2 IS NULL OR d.state = ?2)
          ORDER BY d.outbox_id, d.sink",
     )

@@ -454,9 +454,6 @@ pub struct OutboxRow {
     pub payload: String,
     #[serde(serialize_with = "crate::clock::as_rfc3339::serialize")]
     pub created_at: i64,
-    /// When a relay routed it to its sinks' deliveries.
-    #[serde(serialize_with = "crate::clock::as_rfc3339::option")]
-    pub routed_at: Option<i64>,
 }
 
 /// What one reconcile repaired, and in how many transactions: it works in

@@ -38,6 +38,15 @@ pub struct RelayPoint {
     pub ratio: f64,
     pub commit_to_ack_p50_ms: f64,
     pub commit_to_ack_p99_ms: f64,
+    /// CPU time of this process per raw publish, in µs: the publishers and
+    /// the NATS client (`None` off Linux).
+    pub raw_cpu_us_per_publish: Option<f64>,
+    /// CPU time of this process per event the relay delivered, in µs: the
+    /// relay, the NATS client and the store's client, and on SQLite the
+    /// database itself (a PostgreSQL server's own is not in it). Steadier
+    /// from run to run than events per second on a machine the NATS server
+    /// shares.
+    pub relay_cpu_us_per_event: Option<f64>,
 }
 
 pub(crate) async fn relay(
@@ -101,7 +110,7 @@ async fn measure(
         })
         .collect();
     let messages = Arc::new(messages);
-    let start = Instant::now();
+    let (start, cpu) = (Instant::now(), process_cpu());
     let mut publishers = tokio::task::JoinSet::new();
     for lane in 0..in_flight {
         let (js, messages) = (js.clone(), messages.clone());
@@ -119,6 +128,7 @@ async fn measure(
         done??;
     }
     let raw = per_s(messages.len(), start.elapsed());
+    let raw_cpu = cpu_us_per(cpu, messages.len());
 
     let sinks = Sinks::parse(
         "bench-sinks.toml",
@@ -137,11 +147,12 @@ async fn measure(
         .map(Arc::new)
     };
     let (stop, stopped) = watch::channel(false);
-    let start = Instant::now();
+    let (start, cpu) = (Instant::now(), process_cpu());
     new_relay(relay_config.clone())?
         .run(true, stopped.clone())
         .await?;
     let relayed = per_s(events, start.elapsed());
+    let relay_cpu = cpu_us_per(cpu, events);
 
     // Latency: the relay runs as it does beside a worker, and events are
     // committed one at a time.
@@ -179,7 +190,29 @@ async fn measure(
         ratio: relayed / raw.max(1e-9),
         commit_to_ack_p50_ms: ms(percentile(&latencies, 0.5)),
         commit_to_ack_p99_ms: ms(percentile(&latencies, 0.99)),
+        raw_cpu_us_per_publish: raw_cpu,
+        relay_cpu_us_per_event: relay_cpu,
     })
+}
+
+/// CPU time this process's threads have run so far, summed from each one's
+/// `/proc/self/task/TID/schedstat` (nanoseconds on a CPU; a thread that
+/// ended is not in it). `None` where there is no such file (off Linux).
+fn process_cpu() -> Option<Duration> {
+    let mut ns = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        // A thread may end between the listing and the read.
+        if let Ok(text) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) {
+            ns += text.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(Duration::from_nanos(ns))
+}
+
+/// CPU time per item, in µs, since `before`.
+fn cpu_us_per(before: Option<Duration>, items: usize) -> Option<f64> {
+    let used = process_cpu()?.saturating_sub(before?);
+    Some(used.as_secs_f64() * 1e6 / items.max(1) as f64)
 }
 
 /// Commits one event with the statement shape of a completion (the raw

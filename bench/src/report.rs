@@ -103,6 +103,15 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
         relay(|p| format!("{:.2}", p.ratio)),
     ));
     rows.push((
+        "    CPU of this process per event, µs: relay; raw".into(),
+        relay(
+            |p| match (p.relay_cpu_us_per_event, p.raw_cpu_us_per_publish) {
+                (Some(relay), Some(raw)) => format!("{relay:.1}; {raw:.1}"),
+                _ => "-".into(),
+            },
+        ),
+    ));
+    rows.push((
         "    commit to ack p50 / p99, ms".into(),
         relay(|p| {
             format!(

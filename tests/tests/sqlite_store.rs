@@ -1,6 +1,6 @@
 //! What only the SQLite backend does: the WAL checkpointed beside the
-//! writer, and a database made before migration 0007 carrying its runs
-//! across it.
+//! writer, a database made before migration 0007 carrying its runs across
+//! it, and the bundled SQLite compiled as `.cargo/config.toml` asks.
 //!
 //! Checked on buggy shapes, each seen failing here:
 //! - the writer left at SQLite's own checkpoint threshold (1,000 pages):
@@ -16,7 +16,9 @@
 //!   test failed;
 //! - a claim handing the inputs it read to its jobs in the wrong order
 //!   (`sqlite/jobs.rs`): a job of one run got the other run's input, and
-//!   the claimed-inputs test failed.
+//!   the claimed-inputs test failed;
+//! - `LIBSQLITE3_FLAGS` set empty in the environment (as a build outside
+//!   this repository gets it): the compile options test failed.
 
 use ratchet_runtime::clock::{Clock, SystemClock};
 use ratchet_runtime::store::{
@@ -222,6 +224,29 @@ async fn a_claim_on_sqlite_carries_each_jobs_own_canonical_inputs() {
     let outcome = h.store.job_batch(&batch).await.expect("complete the roots");
     assert_eq!(stages(&outcome.claimed), [("join", 1)]);
     assert_eq!(outcome.claimed[0].inputs.as_ref().map(Vec::len), Some(0));
+}
+
+/// The bundled SQLite is built without memory statistics and without a
+/// page cache shared by every connection (ADR 0036): each took a
+/// process-wide mutex on every allocation or page the writer touched.
+#[tokio::test]
+async fn the_bundled_sqlite_takes_no_process_wide_lock_per_allocation() {
+    use sqlx::Connection;
+    let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:")
+        .await
+        .expect("in-memory database");
+    let options: Vec<String> = sqlx::query_scalar("PRAGMA compile_options")
+        .fetch_all(&mut conn)
+        .await
+        .expect("compile options");
+    assert!(
+        options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+        "memory statistics on: {options:?}"
+    );
+    assert!(
+        !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+        "one shared page cache: {options:?}"
+    );
 }
 
 /// Migration 0014 gives runs that had finished their lifecycle event,

@@ -1,6 +1,7 @@
 //! What only the SQLite backend does: the WAL checkpointed beside the
 //! writer, a database made before migration 0007 carrying its runs across
-//! it, and the bundled SQLite compiled as `.cargo/config.toml` asks.
+//! it, the bundled SQLite compiled as `.cargo/config.toml` asks, and each
+//! write transaction's own durability.
 //!
 //! Checked on buggy shapes, each seen failing here:
 //! - the writer left at SQLite's own checkpoint threshold (1,000 pages):
@@ -18,12 +19,14 @@
 //!   (`sqlite/jobs.rs`): a job of one run got the other run's input, and
 //!   the claimed-inputs test failed;
 //! - `LIBSQLITE3_FLAGS` set empty in the environment (as a build outside
-//!   this repository gets it): the compile options test failed.
+//!   this repository gets it): the compile options test failed;
+//! - `begin_write` leaving `synchronous` as the last transaction set it:
+//!   the write after the relay's bookkeeping ran with NORMAL.
 
 use ratchet_runtime::clock::{Clock, SystemClock};
 use ratchet_runtime::store::{
     CheckpointStats, ClaimedJob, Deliveries, History, Intake, JobBatch, JobClaim, JobComplete,
-    NewJob, Payload, Queue, RunSubmit, SqliteStore, StageWork, UnroutedEvent,
+    NewJob, Payload, Queue, Routing, RunSubmit, SqliteStore, StageWork, StoreError, UnroutedEvent,
 };
 use ratchet_tests::{BOUND, Harness, claim, completion, stages};
 
@@ -247,6 +250,39 @@ async fn the_bundled_sqlite_takes_no_process_wide_lock_per_allocation() {
         !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
         "one shared page cache: {options:?}"
     );
+}
+
+/// Every write transaction sets its own durability as it begins: the
+/// relay's bookkeeping commits without waiting for the disk (ADR 0024), and
+/// a completion written after it on the same writer still waits. Seen
+/// failing with `begin_write` leaving `synchronous` as it found it: the
+/// write after the relay's routing ran with NORMAL (1).
+#[tokio::test]
+async fn a_write_after_the_relays_bookkeeping_waits_for_the_disk() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("sync.db").display());
+    let store = SqliteStore::open(&url).await.expect("open");
+    let synchronous = async || -> i64 {
+        store
+            .write(async |conn| {
+                sqlx::query_scalar::<_, i64>("PRAGMA synchronous")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(StoreError::from)
+            })
+            .await
+            .expect("a write")
+    };
+    assert_eq!(synchronous().await, 2, "FULL before the relay wrote");
+    store
+        .deliveries_route(&Routing::default())
+        .await
+        .expect("the relay's routing");
+    store
+        .deliveries_finish_then_claim(&[], None)
+        .await
+        .expect("the relay's books");
+    assert_eq!(synchronous().await, 2, "FULL after the relay wrote");
 }
 
 /// Migration 0014 gives runs that had finished their lifecycle event,

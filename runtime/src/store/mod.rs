@@ -264,6 +264,9 @@ macro_rules! impl_store {
             async fn delivery_list(&self, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
                 deliveries::list(&self.pool, f).await
             }
+            async fn deliveries_orphaned(&self, run: Option<&str>) -> Result<Vec<OrphanDelivery>> {
+                deliveries::orphaned(&self.pool, run).await
+            }
             async fn deliveries_pending_by_sink(&self) -> Result<Vec<(String, i64)>> {
                 deliveries::pending_by_sink(&self.pool).await
             }

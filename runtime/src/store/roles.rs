@@ -246,8 +246,12 @@ pub trait Deliveries: Send + Sync {
         finished: &[DeliveryFinish],
         claim: Option<&DeliveryClaim>,
     ) -> Result<(Vec<bool>, Vec<ClaimedDelivery>)>;
-    /// Deliveries in event order, then sink.
+    /// Deliveries in event order, then sink; a run's are found through its
+    /// events.
     async fn delivery_list(&self, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>>;
+    /// Deliveries (of `run`, or of every run) whose event is not in the
+    /// outbox, which `delivery_list` cannot show: the audit's.
+    async fn deliveries_orphaned(&self, run: Option<&str>) -> Result<Vec<OrphanDelivery>>;
     /// Pending deliveries per sink, for sinks a relay's file may no longer
     /// have.
     async fn deliveries_pending_by_sink(&self) -> Result<Vec<(String, i64)>>;

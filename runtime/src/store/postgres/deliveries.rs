@@ -33,13 +33,12 @@ pub(super) async fn route(store: &PostgresStore, r: &Routing) -> Result<()> {
 
 /// A write transaction of the relay's bookkeeping, whose commit does not
 /// wait for the disk (ADR 0024): losing it in a server crash only sends an
-/// event again under its dedup key.
+/// event again under its dedup key. Both statements go in one round trip.
 async fn begin_bookkeeping(store: &PostgresStore) -> Result<Tx> {
-    let mut tx = store.begin_write().await?;
-    sqlx::query("SET LOCAL synchronous_commit = off")
-        .execute(&mut *tx)
-        .await?;
-    Ok(tx)
+    Ok(store
+        .pool
+        .begin_with("BEGIN; SET LOCAL synchronous_commit = off")
+        .await?)
 }
 
 /// The statements of `store::deliveries` on a write transaction.
@@ -96,7 +95,10 @@ pub(super) async fn finish_then_claim(
 async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
     // Only a span's head, the run's earliest pending delivery, records the
     // lease (`DeliveryLease`); the statement reads the rows as they were
-    // before, so `attempts` adds the claim's.
+    // before, so `attempts` adds the claim's. A span carries the columns it
+    // returns (no second lookup of each row), and the heads are leased by
+    // their keys: a join with them, estimated small, was planned as a walk
+    // over the whole table.
     let rows = sqlx::query(
         "WITH heads AS (
              SELECT d.id, d.run_id, d.sink, d.outbox_id, d.attempts FROM deliveries d
@@ -111,11 +113,13 @@ async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
              LIMIT $5
              FOR UPDATE SKIP LOCKED),
          spans AS (
-             SELECT n.id, h.id AS lease_holder, h.attempts + 1 AS lease_attempts,
+             SELECT n.id, n.sink, n.outbox_id, n.attempts, n.retrying_since,
+                    h.id AS lease_holder, h.attempts + 1 AS lease_attempts,
                     count(*) FILTER (WHERE n.next_at > $2 OR n.lease_expires_at > $2)
                         OVER (PARTITION BY n.run_id, n.sink ORDER BY n.outbox_id) AS held
              FROM heads h CROSS JOIN LATERAL (
-                 SELECT e.id, e.run_id, e.sink, e.outbox_id, e.next_at, e.lease_expires_at
+                 SELECT e.id, e.run_id, e.sink, e.outbox_id, e.next_at, e.lease_expires_at,
+                        e.attempts, e.retrying_since
                  FROM deliveries e
                  WHERE e.state = 'pending' AND e.run_id = h.run_id AND e.sink = h.sink
                    AND e.outbox_id >= h.outbox_id
@@ -124,11 +128,11 @@ async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
          leased AS (
              UPDATE deliveries d SET lease_owner = $1, lease_expires_at = $2 + $3,
                     attempts = d.attempts + 1
-             FROM heads h WHERE d.id = h.id)
+             WHERE d.id = ANY(ARRAY(SELECT id FROM heads)))
          SELECT o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload, o.created_at,
-                d.id AS delivery_id, d.sink, d.attempts + 1 AS attempts,
-                d.retrying_since, s.lease_holder, s.lease_attempts
-         FROM spans s JOIN deliveries d ON d.id = s.id JOIN outbox o ON o.id = d.outbox_id
+                s.id AS delivery_id, s.sink, s.attempts + 1 AS attempts,
+                s.retrying_since, s.lease_holder, s.lease_attempts
+         FROM spans s JOIN outbox o ON o.id = s.outbox_id
          WHERE s.held = 0",
     )
     .bind(&c.relay)
@@ -198,19 +202,45 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
     Ok(finished.iter().map(|f| updated.contains(&f.id)).collect())
 }
 
+/// A run's deliveries are found through its events (`outbox_run_stage`):
+/// `deliveries` has no index by run (migration 0024).
 pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
-    let rows = sqlx::query(
-        "SELECT d.*, COALESCE(o.dedup_key, '') AS dedup_key, COALESCE(o.event, '') AS event,
-                COALESCE(o.stage, '') AS stage
-         FROM deliveries d LEFT JOIN outbox o ON o.id = d.outbox_id
-         WHERE ($1::TEXT IS NULL OR d.run_id = $1) AND ($2::TEXT IS NULL OR d.state = $2)
-         ORDER BY d.outbox_id, d.sink",
-    )
-    .bind(f.run_id.as_deref())
-    .bind(f.state.map(DeliveryState::as_str))
+    let state = f.state.map(DeliveryState::as_str);
+    let rows = match &f.run_id {
+        Some(run) => sqlx::query(
+            "SELECT d.*, o.dedup_key, o.event, o.stage
+             FROM outbox o JOIN deliveries d ON d.outbox_id = o.id
+             WHERE o.run_id = $1 AND ($2::TEXT IS NULL OR d.state = $2)
+             ORDER BY d.outbox_id, d.sink",
+        )
+        .bind(run)
+        .bind(state),
+        None => sqlx::query(
+            "SELECT d.*, o.dedup_key, o.event, o.stage
+             FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
+             WHERE $1::TEXT IS NULL OR d.state = $1
+             ORDER BY d.outbox_id, d.sink",
+        )
+        .bind(state),
+    }
     .fetch_all(pool)
     .await?;
     rows.iter().map(rows::delivery_row).collect()
+}
+
+/// Reads every delivery (of the run) once: with no index by run, a run's
+/// own are found by reading them all.
+pub(super) async fn orphaned(pool: &PgPool, run: Option<&str>) -> Result<Vec<OrphanDelivery>> {
+    let rows: Vec<(i64, i64, String, String)> = sqlx::query_as(
+        "SELECT d.id, d.outbox_id, d.sink, d.run_id FROM deliveries d
+         WHERE ($1::TEXT IS NULL OR d.run_id = $1)
+           AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = d.outbox_id)
+         ORDER BY d.id",
+    )
+    .bind(run)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(OrphanDelivery::from).collect())
 }
 
 pub(super) async fn pending_by_sink(pool: &PgPool) -> Result<Vec<(String, i64)>> {

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use sqlx::{SqliteConnection, SqlitePool};
+use sqlx::SqlitePool;
 
 use super::*;
 use crate::store::deliveries::{self, Finished, RouteTx};
@@ -18,32 +18,10 @@ pub(super) async fn unrouted(pool: &SqlitePool, limit: usize) -> Result<Vec<Unro
 }
 
 pub(super) async fn route(store: &SqliteStore, r: &Routing) -> Result<()> {
-    bookkeeping(store, async |writer| {
-        let mut tx = begin_write(writer).await?;
-        deliveries::route(&mut RoutingTx(&mut tx), r).await?;
-        store.commit(tx).await
-    })
-    .await
-}
-
-/// Runs `body`, the relay's bookkeeping, on the writer with commits that do
-/// not wait for the disk (ADR 0024), then puts `synchronous=FULL` back. In
-/// WAL mode such a commit survives the process's death, and the next
-/// durable commit makes it durable too; only an OS crash can lose it, which
-/// sends an event again under its dedup key.
-async fn bookkeeping<T>(
-    store: &SqliteStore,
-    body: impl AsyncFnOnce(&mut SqliteConnection) -> Result<T>,
-) -> Result<T> {
     let mut writer = store.writer.lock().await;
-    sqlx::query("PRAGMA synchronous = NORMAL")
-        .execute(&mut *writer)
-        .await?;
-    let done = body(&mut writer).await;
-    sqlx::query("PRAGMA synchronous = FULL")
-        .execute(&mut *writer)
-        .await?;
-    done
+    let mut tx = begin(&mut writer, Durability::Lazy).await?;
+    deliveries::route(&mut RoutingTx(&mut tx), r).await?;
+    store.commit(tx).await
 }
 
 /// The statements of `store::deliveries` on the writer's transaction.
@@ -85,21 +63,19 @@ pub(super) async fn finish_then_claim(
     finished: &[DeliveryFinish],
     claim: Option<&DeliveryClaim>,
 ) -> Result<(Vec<bool>, Vec<ClaimedDelivery>)> {
-    bookkeeping(store, async |writer| {
-        let mut tx = begin_write(writer).await?;
-        let recorded = if finished.is_empty() {
-            Vec::new()
-        } else {
-            finish(&mut tx, finished).await?
-        };
-        let claimed = match claim {
-            Some(c) => self::claim(&mut tx, c).await?,
-            None => Vec::new(),
-        };
-        store.commit(tx).await?;
-        Ok((recorded, claimed))
-    })
-    .await
+    let mut writer = store.writer.lock().await;
+    let mut tx = begin(&mut writer, Durability::Lazy).await?;
+    let recorded = if finished.is_empty() {
+        Vec::new()
+    } else {
+        finish(&mut tx, finished).await?
+    };
+    let claimed = match claim {
+        Some(c) => self::claim(&mut tx, c).await?,
+        None => Vec::new(),
+    };
+    store.commit(tx).await?;
+    Ok((recorded, claimed))
 }
 
 /// Records the results sent under leases the relay still holds, in one
@@ -158,7 +134,8 @@ async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery
     // A run's span ends at its `per_run`-th pending delivery (the bound
     // keeps the window below from reading a long backlog whole), and before
     // the first one leased or waiting for a retry. Only its head, the run's
-    // earliest pending delivery, records the lease (`DeliveryLease`).
+    // earliest pending delivery, records the lease (`DeliveryLease`). A
+    // span carries the columns it returns: no second lookup of each row.
     let rows = sqlx::query(
         "WITH heads AS (
              SELECT d.id, d.run_id, d.sink, d.outbox_id, d.attempts FROM deliveries d
@@ -172,7 +149,8 @@ async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery
              ORDER BY d.next_at, d.outbox_id
              LIMIT ?3),
          spans AS (
-             SELECT e.id, h.id AS lease_holder, h.attempts + 1 AS lease_attempts,
+             SELECT e.id, e.sink, e.outbox_id, e.attempts, e.retrying_since,
+                    h.id AS lease_holder, h.attempts + 1 AS lease_attempts,
                     count(*) FILTER (WHERE e.next_at > ?1 OR e.lease_expires_at > ?1)
                         OVER (PARTITION BY e.run_id, e.sink ORDER BY e.outbox_id) AS held
              FROM heads h JOIN deliveries e
@@ -185,10 +163,10 @@ async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery
                    ORDER BY x.outbox_id LIMIT 1 OFFSET ?4 - 1),
                   9223372036854775807))
          SELECT o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload, o.created_at,
-                d.id AS delivery_id, d.sink, d.attempts + 1 AS attempts,
-                d.retrying_since, s.lease_holder, s.lease_attempts
-         FROM spans s JOIN deliveries d ON d.id = s.id JOIN outbox o ON o.id = d.outbox_id
-         WHERE s.held = 0 ORDER BY o.id, d.sink",
+                s.id AS delivery_id, s.sink, s.attempts + 1 AS attempts,
+                s.retrying_since, s.lease_holder, s.lease_attempts
+         FROM spans s JOIN outbox o ON o.id = s.outbox_id
+         WHERE s.held = 0 ORDER BY o.id, s.sink",
     )
     .bind(c.now)
     .bind(to_json(&c.sinks))
@@ -219,19 +197,45 @@ async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery
     Ok(claimed)
 }
 
+/// A run's deliveries are found through its events (`outbox_run_stage`),
+/// which the foreign key keeps there: `deliveries` has no index by run
+/// (migration 0024).
 pub(super) async fn list(pool: &SqlitePool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
-    let rows = sqlx::query(
-        "SELECT d.*, COALESCE(o.dedup_key, '') AS dedup_key, COALESCE(o.event, '') AS event,
-                COALESCE(o.stage, '') AS stage
-         FROM deliveries d LEFT JOIN outbox o ON o.id = d.outbox_id
-         WHERE (?1 IS NULL OR d.run_id = ?1) AND (?2 IS NULL OR d.state = ?2)
-         ORDER BY d.outbox_id, d.sink",
-    )
-    .bind(f.run_id.as_deref())
-    .bind(f.state.map(DeliveryState::as_str))
+    let state = f.state.map(DeliveryState::as_str);
+    let rows = match &f.run_id {
+        Some(run) => sqlx::query(
+            "SELECT d.*, o.dedup_key, o.event, o.stage
+             FROM outbox o JOIN deliveries d ON d.outbox_id = o.id
+             WHERE o.run_id = ?1 AND (?2 IS NULL OR d.state = ?2)
+             ORDER BY d.outbox_id, d.sink",
+        )
+        .bind(run)
+        .bind(state),
+        None => sqlx::query(
+            "SELECT d.*, o.dedup_key, o.event, o.stage
+             FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
+             WHERE ?1 IS NULL OR d.state = ?1
+             ORDER BY d.outbox_id, d.sink",
+        )
+        .bind(state),
+    }
     .fetch_all(pool)
     .await?;
     rows.iter().map(rows::delivery_row).collect()
+}
+
+/// Always empty unless a hand on the database turned the foreign key off.
+pub(super) async fn orphaned(pool: &SqlitePool, run: Option<&str>) -> Result<Vec<OrphanDelivery>> {
+    let rows: Vec<(i64, i64, String, String)> = sqlx::query_as(
+        "SELECT d.id, d.outbox_id, d.sink, d.run_id FROM deliveries d
+         WHERE (?1 IS NULL OR d.run_id = ?1)
+           AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.id = d.outbox_id)
+         ORDER BY d.id",
+    )
+    .bind(run)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(OrphanDelivery::from).collect())
 }
 
 pub(super) async fn pending_by_sink(pool: &SqlitePool) -> Result<Vec<(String, i64)>> {

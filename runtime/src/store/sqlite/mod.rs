@@ -171,9 +171,33 @@ macro_rules! released_state {
 }
 use released_state;
 
-/// A write transaction on the writer connection, taken whole at once.
+/// A write transaction on the writer connection, taken whole at once, whose
+/// commit waits for the disk (`synchronous=FULL`).
 async fn begin_write(writer: &mut SqliteConnection) -> Result<Tx<'_>> {
-    Ok(writer.begin_with("BEGIN IMMEDIATE").await?)
+    begin(writer, Durability::Full).await
+}
+
+/// How a write transaction's commit reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// It returns once the disk has it (`synchronous=FULL`).
+    Full,
+    /// It survives the process's death, and the next durable commit makes
+    /// it durable too (`synchronous=NORMAL` in WAL mode); only an OS crash
+    /// can lose it. For the relay's bookkeeping (ADR 0024), where such a
+    /// loss sends an event again under its dedup key.
+    Lazy,
+}
+
+/// Begins a write transaction on the writer, with the durability its
+/// commit is to have set in the same call: each transaction states its
+/// own, so none inherits the last one's.
+async fn begin(writer: &mut SqliteConnection, durability: Durability) -> Result<Tx<'_>> {
+    let statement = match durability {
+        Durability::Full => "PRAGMA synchronous = FULL; BEGIN IMMEDIATE",
+        Durability::Lazy => "PRAGMA synchronous = NORMAL; BEGIN IMMEDIATE",
+    };
+    Ok(writer.begin_with(statement).await?)
 }
 
 super::impl_store!(SqliteStore {});

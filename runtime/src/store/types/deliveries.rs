@@ -195,6 +195,29 @@ pub struct DeliveryRow {
     pub delivered_at: Option<i64>,
 }
 
+/// A delivery whose event is not in the outbox. Routing only ever makes
+/// deliveries of events it has just read, and events are never deleted:
+/// only a hand on the database makes one, and the audit reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrphanDelivery {
+    pub id: i64,
+    pub outbox_id: i64,
+    pub sink: String,
+    pub run_id: String,
+}
+
+impl From<(i64, i64, String, String)> for OrphanDelivery {
+    /// From its columns `id, outbox_id, sink, run_id`.
+    fn from((id, outbox_id, sink, run_id): (i64, i64, String, String)) -> Self {
+        Self {
+            id,
+            outbox_id,
+            sink,
+            run_id,
+        }
+    }
+}
+
 /// Dead letters to deliver again, under the same dedup key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Redeliver {

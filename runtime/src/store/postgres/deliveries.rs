@@ -205,6 +205,8 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
 /// A run's deliveries are found through its events (`outbox_run_stage`):
 /// `deliveries` has no index by run (migration 0024).
 pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
+    // Two statements, not one with `run IS NULL OR`: a generic plan of
+    // that walks every event, and the audit lists each run's.
     let state = f.state.map(DeliveryState::as_str);
     let rows = match &f.run_id {
         Some(run) => sqlx::query(

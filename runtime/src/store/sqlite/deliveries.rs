@@ -201,6 +201,8 @@ async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery
 /// which the foreign key keeps there: `deliveries` has no index by run
 /// (migration 0024).
 pub(super) async fn list(pool: &SqlitePool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
+    // Two statements, not one with `run IS NULL OR`: SQLite plans that as
+    // a walk over every delivery, and the audit lists each run's.
     let state = f.state.map(DeliveryState::as_str);
     let rows = match &f.run_id {
         Some(run) => sqlx::query(

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::store::{
     ClaimedDelivery, DeliveryClaim, DeliveryFilter, DeliveryFinish, DeliveryResult, DeliveryRow,
-    DeliveryState, NewDelivery, Routing,
+    DeliveryState, NewDelivery, OutboxRow, Routing,
 };
 use ratchet_tests::events::commit_chains;
 use ratchet_tests::{Backend, Harness};
@@ -25,6 +25,7 @@ use ratchet_tests::{Backend, Harness};
 ratchet_tests::backend_tests! {
     a_lapsed_lease_records_none_of_its_runs_results => lapsed_lease;
     events_unrouted_before_an_upgrade_are_routed_after_it => unrouted_across_upgrade;
+    a_claim_hands_each_event_over_as_it_is_stored => claimed_as_stored;
 }
 
 const LEASE_MS: i64 = 60_000;
@@ -61,6 +62,25 @@ fn finished(
         .collect()
 }
 
+/// Routes every event not yet routed to the sink `hooks`; returns how many.
+async fn route_to_hooks(h: &Harness, now: i64) -> usize {
+    let events = h.store.outbox_unrouted(100).await.expect("events");
+    let routing = Routing {
+        events: events.iter().map(|e| e.id).collect(),
+        deliveries: events
+            .iter()
+            .map(|e| NewDelivery {
+                outbox_id: e.id,
+                sink: "hooks".into(),
+                run_id: e.run_id.clone(),
+            })
+            .collect(),
+        now,
+    };
+    h.store.deliveries_route(&routing).await.expect("routed");
+    events.len()
+}
+
 async fn rows(h: &Harness) -> Vec<DeliveryRow> {
     h.store
         .delivery_list(&DeliveryFilter::default())
@@ -74,21 +94,7 @@ async fn lapsed_lease(backend: Backend) {
         return;
     };
     commit_chains(&h, 1, &["a.one", "a.two", "a.three"]).await;
-    let events = h.store.outbox_unrouted(100).await.expect("events");
-    let routing = Routing {
-        events: events.iter().map(|e| e.id).collect(),
-        deliveries: events
-            .iter()
-            .map(|e| NewDelivery {
-                outbox_id: e.id,
-                sink: "hooks".into(),
-                run_id: e.run_id.clone(),
-            })
-            .collect(),
-        now: clock.now_ms(),
-    };
-    h.store.deliveries_route(&routing).await.expect("routed");
-    let n = events.len();
+    let n = route_to_hooks(&h, clock.now_ms()).await;
     assert_eq!(n, 4, "three stages' events and the run's own");
 
     let claim_as = async |relay: &str| {
@@ -204,5 +210,61 @@ async fn unrouted_across_upgrade(backend: Backend) {
         unrouted().await.is_empty(),
         "routed: {:?}",
         unrouted().await
+    );
+}
+
+/// A claim hands over each event's columns exactly as they are stored,
+/// whatever their text holds: a payload of JSON laid out by hand, with
+/// escapes, quotes and characters JSON writers treat apart, and a payload
+/// that is not JSON at all. SQLite's claim returns its rows as one JSON
+/// array (ADR 0037), so the text goes through JSON and back. Seen failing
+/// on SQLite with the payload put into that array as JSON (`json(payload)`,
+/// to save its escaping): the claim failed on the payload that is not JSON,
+/// and the other came back laid out anew.
+async fn claimed_as_stored(backend: Backend) {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let Some(h) = Harness::on(backend, clock.clone()).await else {
+        return;
+    };
+    commit_chains(&h, 1, &["a.one"]).await;
+    let json = concat!(
+        "{ \"text\" : \"it's \\\"quoted\\\", back\\\\slash, \u{2603}, \u{2028}, \\u0000\" ,\n",
+        "  \"n\" : 1.50 }"
+    );
+    let text = "not JSON: \"quoted\" \\ a tab\t, it's \u{2603}";
+    h.raw_sql(&format!(
+        "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
+         VALUES ('run-0/odd/json', 'run-0', 'odd', 'odd.json', '{}', 7),
+                ('run-0/odd/text', 'run-0', 'odd', 'odd.text', '{}', 8)",
+        json.replace('\'', "''"),
+        text.replace('\'', "''")
+    ))
+    .await;
+    let n = route_to_hooks(&h, clock.now_ms()).await;
+    let (_, claimed) = h
+        .store
+        .deliveries_finish_then_claim(&[], Some(&claim("relay", clock.now_ms())))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), n, "the run's events in one claim");
+    let stored = h.store.outbox_list(None).await.expect("outbox");
+    for d in &claimed {
+        let e = stored.iter().find(|e| e.id == d.event.id).expect("stored");
+        let columns = |e: &OutboxRow| {
+            (
+                e.dedup_key.clone(),
+                e.run_id.clone(),
+                e.stage.clone(),
+                e.event.clone(),
+                e.payload.clone(),
+                e.created_at,
+            )
+        };
+        assert_eq!(columns(&d.event), columns(e));
+    }
+    let payloads: Vec<&str> = claimed.iter().map(|d| d.event.payload.as_str()).collect();
+    assert!(
+        payloads.contains(&json) && payloads.contains(&text),
+        "{payloads:?}"
     );
 }

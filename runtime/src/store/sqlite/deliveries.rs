@@ -2,19 +2,30 @@
 
 use std::collections::HashSet;
 
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use sqlx::SqlitePool;
 
 use super::*;
 use crate::store::deliveries::{self, Finished, RouteTx};
 
 pub(super) async fn unrouted(pool: &SqlitePool, limit: usize) -> Result<Vec<UnroutedEvent>> {
-    let rows: Vec<(i64, String, String)> = sqlx::query_as(
-        "SELECT id, run_id, event FROM outbox WHERE routed_at IS NULL ORDER BY id LIMIT ?",
+    let page: String = sqlx::query_scalar(
+        "SELECT json_group_array(json_array(id, run_id, event) ORDER BY id)
+         FROM (SELECT id, run_id, event FROM outbox WHERE routed_at IS NULL ORDER BY id LIMIT ?)",
     )
     .bind(limit as i64)
-    .fetch_all(pool)
+    .fetch_one(pool)
     .await?;
+    let rows: Vec<(i64, String, String)> = from_json("outbox", &page)?;
     Ok(rows.into_iter().map(UnroutedEvent::from).collect())
+}
+
+/// A statement that reads many rows returns them as one JSON array: sqlx
+/// hands each row over from the connection's thread on its own, with a
+/// copy of each of its values, and that cost more than the statement.
+fn from_json<T: DeserializeOwned>(table: &'static str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| rows::corrupt(table, e))
 }
 
 pub(super) async fn route(store: &SqliteStore, r: &Routing) -> Result<()> {
@@ -78,23 +89,28 @@ pub(super) async fn finish_then_claim(
     Ok((recorded, claimed))
 }
 
-/// Records the results sent under leases the relay still holds, in one
-/// statement whose rows are JSON arrays (their columns by position).
+/// Records the results sent under leases the relay still holds: the
+/// pending ones whose lease's holder still has it, found first, then
+/// written in one statement whose rows are JSON arrays (their columns by
+/// position).
 async fn finish(tx: &mut Tx<'_>, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
-    let leases: Vec<(i64, i64, &str)> = deliveries::leases(finished);
-    let held: HashSet<i64> = sqlx::query_scalar(
-        "SELECT d.id FROM jsonb_each(?) AS l JOIN deliveries d ON d.id = l.value ->> 0
-         WHERE d.attempts = l.value ->> 1 AND d.lease_owner = l.value ->> 2
-           AND d.state = 'pending'",
+    let leased: Vec<(i64, i64, i64, &str)> = finished
+        .iter()
+        .map(|f| (f.id, f.lease.holder, f.lease.attempts, f.relay.as_str()))
+        .collect();
+    let held: String = sqlx::query_scalar(
+        "SELECT json_group_array(d.id) FROM jsonb_each(?) AS l
+         JOIN deliveries d ON d.id = l.value ->> 0 AND d.state = 'pending'
+         JOIN deliveries h ON h.id = l.value ->> 1 AND h.attempts = l.value ->> 2
+                          AND h.lease_owner = l.value ->> 3 AND h.state = 'pending'",
     )
-    .bind(to_json(&leases))
-    .fetch_all(&mut **tx)
-    .await?
-    .into_iter()
-    .collect();
+    .bind(to_json(&leased))
+    .fetch_one(&mut **tx)
+    .await?;
+    let held: HashSet<i64> = from_json("deliveries", &held)?;
     let rows: Vec<_> = finished
         .iter()
-        .filter(|f| held.contains(&f.lease.holder))
+        .filter(|f| held.contains(&f.id))
         .map(|f| {
             let w = Finished::of(f);
             (
@@ -109,7 +125,7 @@ async fn finish(tx: &mut Tx<'_>, finished: &[DeliveryFinish]) -> Result<Vec<bool
             )
         })
         .collect();
-    let updated: HashSet<i64> = sqlx::query_scalar(
+    sqlx::query(
         "UPDATE deliveries AS d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
                 last_status = CASE WHEN x.unsent THEN d.last_status ELSE x.status END,
                 last_error = CASE WHEN x.unsent THEN d.last_error ELSE x.error END,
@@ -119,15 +135,12 @@ async fn finish(tx: &mut Tx<'_>, finished: &[DeliveryFinish]) -> Result<Vec<bool
                       value ->> 3 AS status, value ->> 4 AS error, value ->> 5 AS delivered_at,
                       value ->> 6 AS attempts, value ->> 7 AS unsent
                FROM jsonb_each(?)) AS x
-         WHERE d.id = x.id AND d.state = 'pending'
-         RETURNING id",
+         WHERE d.id = x.id",
     )
     .bind(to_json(&rows))
-    .fetch_all(&mut **tx)
-    .await?
-    .into_iter()
-    .collect();
-    Ok(finished.iter().map(|f| updated.contains(&f.id)).collect())
+    .execute(&mut **tx)
+    .await?;
+    Ok(finished.iter().map(|f| held.contains(&f.id)).collect())
 }
 
 async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
@@ -136,7 +149,7 @@ async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery
     // the first one leased or waiting for a retry. Only its head, the run's
     // earliest pending delivery, records the lease (`DeliveryLease`). A
     // span carries the columns it returns: no second lookup of each row.
-    let rows = sqlx::query(
+    let claimed: String = sqlx::query_scalar(
         "WITH heads AS (
              SELECT d.id, d.run_id, d.sink, d.outbox_id, d.attempts FROM deliveries d
              WHERE d.state = 'pending' AND d.next_at <= ?1
@@ -162,22 +175,24 @@ async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery
                      AND x.outbox_id >= h.outbox_id
                    ORDER BY x.outbox_id LIMIT 1 OFFSET ?4 - 1),
                   9223372036854775807))
-         SELECT o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload, o.created_at,
-                s.id AS delivery_id, s.sink, s.attempts + 1 AS attempts,
-                s.retrying_since, s.lease_holder, s.lease_attempts
+         SELECT json_group_array(json_array(
+                    s.id, s.sink, s.attempts + 1, s.retrying_since, s.lease_holder,
+                    s.lease_attempts, o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload,
+                    o.created_at)
+                ORDER BY o.id, s.sink)
          FROM spans s JOIN outbox o ON o.id = s.outbox_id
-         WHERE s.held = 0 ORDER BY o.id, s.sink",
+         WHERE s.held = 0",
     )
     .bind(c.now)
     .bind(to_json(&c.sinks))
     .bind(c.runs as i64)
     .bind(c.per_run as i64)
-    .fetch_all(&mut **tx)
+    .fetch_one(&mut **tx)
     .await?;
-    let claimed = rows
-        .iter()
-        .map(rows::claimed_delivery)
-        .collect::<Result<Vec<_>>>()?;
+    let claimed: Vec<ClaimedDelivery> = from_json::<Vec<Claimed>>("deliveries", &claimed)?
+        .into_iter()
+        .map(ClaimedDelivery::from)
+        .collect();
     let holders: Vec<i64> = claimed
         .iter()
         .filter(|d| d.lease.holder == d.id)
@@ -195,6 +210,49 @@ async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery
     .execute(&mut **tx)
     .await?;
     Ok(claimed)
+}
+
+/// A claimed delivery as the claim returns it: a JSON array of these
+/// columns, in this order.
+#[derive(Deserialize)]
+struct Claimed {
+    id: i64,
+    sink: String,
+    attempts: i64,
+    retrying_since: i64,
+    lease_holder: i64,
+    lease_attempts: i64,
+    outbox_id: i64,
+    dedup_key: String,
+    run_id: String,
+    stage: String,
+    event: String,
+    payload: String,
+    created_at: i64,
+}
+
+impl From<Claimed> for ClaimedDelivery {
+    fn from(c: Claimed) -> Self {
+        Self {
+            id: c.id,
+            sink: c.sink,
+            attempts: c.attempts,
+            retrying_since: c.retrying_since,
+            lease: DeliveryLease {
+                holder: c.lease_holder,
+                attempts: c.lease_attempts,
+            },
+            event: OutboxRow {
+                id: c.outbox_id,
+                dedup_key: c.dedup_key,
+                run_id: c.run_id,
+                stage: c.stage,
+                event: c.event,
+                payload: c.payload,
+                created_at: c.created_at,
+            },
+        }
+    }
 }
 
 /// A run's deliveries are found through its events (`outbox_run_stage`),

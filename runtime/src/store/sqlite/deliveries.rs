@@ -21,9 +21,10 @@ pub(super) async fn unrouted(pool: &SqlitePool, limit: usize) -> Result<Vec<Unro
     Ok(rows.into_iter().map(UnroutedEvent::from).collect())
 }
 
-/// A statement that reads many rows returns them as one JSON array: sqlx
-/// hands each row over from the connection's thread on its own, with a
-/// copy of each of its values, and that cost more than the statement.
+/// A statement that reads many rows returns them as one JSON array (ADR
+/// 0037): sqlx hands each row over from the connection's thread on its
+/// own, with a copy of each of its values, and that cost more than the
+/// statement.
 fn from_json<T: DeserializeOwned>(table: &'static str, text: &str) -> Result<T> {
     serde_json::from_str(text).map_err(|e| rows::corrupt(table, e))
 }
@@ -98,7 +99,7 @@ async fn finish(tx: &mut Tx<'_>, finished: &[DeliveryFinish]) -> Result<Vec<bool
         .iter()
         .map(|f| (f.id, f.lease.holder, f.lease.attempts, f.relay.as_str()))
         .collect();
-    let held: String = sqlx::query_scalar(
+    let recordable: String = sqlx::query_scalar(
         "SELECT json_group_array(d.id) FROM jsonb_each(?) AS l
          JOIN deliveries d ON d.id = l.value ->> 0 AND d.state = 'pending'
          JOIN deliveries h ON h.id = l.value ->> 1 AND h.attempts = l.value ->> 2
@@ -107,10 +108,10 @@ async fn finish(tx: &mut Tx<'_>, finished: &[DeliveryFinish]) -> Result<Vec<bool
     .bind(to_json(&leased))
     .fetch_one(&mut **tx)
     .await?;
-    let held: HashSet<i64> = from_json("deliveries", &held)?;
+    let recordable: HashSet<i64> = from_json("deliveries", &recordable)?;
     let rows: Vec<_> = finished
         .iter()
-        .filter(|f| held.contains(&f.id))
+        .filter(|f| recordable.contains(&f.id))
         .map(|f| {
             let w = Finished::of(f);
             (
@@ -140,7 +141,10 @@ async fn finish(tx: &mut Tx<'_>, finished: &[DeliveryFinish]) -> Result<Vec<bool
     .bind(to_json(&rows))
     .execute(&mut **tx)
     .await?;
-    Ok(finished.iter().map(|f| held.contains(&f.id)).collect())
+    Ok(finished
+        .iter()
+        .map(|f| recordable.contains(&f.id))
+        .collect())
 }
 
 async fn claim(tx: &mut Tx<'_>, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {

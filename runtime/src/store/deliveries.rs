@@ -25,18 +25,6 @@ pub(crate) async fn route(tx: &mut impl RouteTx, r: &Routing) -> Result<()> {
     Ok(())
 }
 
-/// The distinct leases `finished` were sent under, with their relay: the
-/// ones whose holder still has them are the ones recorded.
-pub(crate) fn leases(finished: &[super::DeliveryFinish]) -> Vec<(i64, i64, &str)> {
-    let mut leases: Vec<_> = finished
-        .iter()
-        .map(|f| (f.lease.holder, f.lease.attempts, f.relay.as_str()))
-        .collect();
-    leases.sort_unstable();
-    leases.dedup();
-    leases
-}
-
 /// The columns an attempt's result writes to its delivery row.
 pub(crate) struct Finished<'a> {
     pub state: super::DeliveryState,

@@ -151,11 +151,23 @@ async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
     Ok(claimed)
 }
 
+/// The distinct leases `finished` were sent under, with their relay: the
+/// ones whose holder still has them are the ones recorded.
+fn leases(finished: &[DeliveryFinish]) -> Vec<(i64, i64, &str)> {
+    let mut leases: Vec<_> = finished
+        .iter()
+        .map(|f| (f.lease.holder, f.lease.attempts, f.relay.as_str()))
+        .collect();
+    leases.sort_unstable();
+    leases.dedup();
+    leases
+}
+
 /// Records the results sent under leases the relay still holds: the
 /// leases' rows locked first, so that no claim takes one over before the
 /// results are in; then one statement, each row's columns as arrays.
 async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
-    let leases = deliveries::leases(finished);
+    let leases = leases(finished);
     let held: HashSet<i64> = sqlx::query_scalar(
         "SELECT d.id FROM deliveries d
          JOIN UNNEST($1::BIGINT[], $2::BIGINT[], $3::TEXT[]) AS l(id, attempts, relay)

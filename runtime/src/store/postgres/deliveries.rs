@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use sqlx::PgPool;
+use sqlx::{PgPool, Row};
 
 use super::*;
 use crate::store::deliveries::{self, Finished, RouteTx};
@@ -45,9 +45,18 @@ async fn begin_bookkeeping(store: &PostgresStore) -> Result<Tx> {
 struct RoutingTx<'t>(&'t mut Tx);
 
 impl RouteTx for RoutingTx<'_> {
+    /// Each run's lane for the sink is made, or woken if it had nothing
+    /// pending, and locked until the commit (migration 0025).
     async fn deliveries_insert(&mut self, d: &[NewDelivery], now: i64) -> Result<()> {
         sqlx::query(
-            "INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
+            "WITH lanes AS (
+                 INSERT INTO delivery_lanes (run_id, sink, due_at)
+                 SELECT DISTINCT r, s, $4::BIGINT
+                 FROM UNNEST($2::TEXT[], $3::TEXT[]) AS u (s, r)
+                 ORDER BY r, s
+                 ON CONFLICT (run_id, sink) DO UPDATE SET due_at = EXCLUDED.due_at
+                 WHERE delivery_lanes.due_at IS NULL)
+             INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
                                      created_at)
              SELECT e, s, r, 'pending', $4, $4, $4
              FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[]) AS u (e, s, r)
@@ -92,26 +101,35 @@ pub(super) async fn finish_then_claim(
     Ok((recorded, claimed))
 }
 
-async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
-    // Only a span's head, the run's earliest pending delivery, records the
-    // lease (`DeliveryLease`); the statement reads the rows as they were
-    // before, so `attempts` adds the claim's. A span carries the columns it
-    // returns (no second lookup of each row), and the heads are leased by
-    // their keys: a join with them, estimated small, was planned as a walk
-    // over the whole table.
-    let rows = sqlx::query(
-        "WITH heads AS (
-             SELECT d.id, d.run_id, d.sink, d.outbox_id, d.attempts FROM deliveries d
-             WHERE d.state = 'pending' AND d.next_at <= $2
-               AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= $2)
-               AND d.sink = ANY($4)
-               AND NOT EXISTS (
-                   SELECT 1 FROM deliveries e
-                   WHERE e.state = 'pending' AND e.run_id = d.run_id AND e.sink = d.sink
-                     AND e.outbox_id < d.outbox_id)
-             ORDER BY d.next_at, d.outbox_id
+/// The due lanes no one holds, each with its run's earliest pending
+/// delivery (migration 0025). Only a span's head records the lease
+/// (`DeliveryLease`), and its lane is due again when the lease ends;
+/// a lane whose first delivery is not yet due waits for it. A lane
+/// with nothing pending (only a concurrent change makes one) is looked
+/// at again when a lease would have ended: setting it empty here could
+/// miss a delivery committed since this statement's snapshot, which
+/// recording results, holding the lane first, never misses. The
+/// statement reads the rows as they were before, so `attempts` adds the
+/// claim's. A span carries the columns it returns (no second lookup of
+/// each row), and the heads are leased by their keys: a join with them,
+/// estimated small, was planned as a walk over the whole table.
+const CLAIM: &str = "WITH lanes AS (
+             SELECT l.run_id, l.sink FROM delivery_lanes l
+             WHERE l.sink = ANY($4) AND l.due_at <= $2
+             ORDER BY l.due_at
              LIMIT $5
              FOR UPDATE SKIP LOCKED),
+         firsts AS (
+             SELECT l.run_id, l.sink, f.id, f.outbox_id, f.attempts,
+                    f.next_at <= $2 AND COALESCE(f.lease_expires_at <= $2, TRUE) AS due,
+                    GREATEST(f.next_at, f.lease_expires_at) AS due_at
+             FROM lanes l LEFT JOIN LATERAL (
+                 SELECT e.id, e.outbox_id, e.attempts, e.next_at, e.lease_expires_at
+                 FROM deliveries e
+                 WHERE e.state = 'pending' AND e.run_id = l.run_id AND e.sink = l.sink
+                 ORDER BY e.outbox_id
+                 LIMIT 1) f ON TRUE),
+         heads AS (SELECT id, run_id, sink, outbox_id, attempts FROM firsts WHERE due),
          spans AS (
              SELECT n.id, n.sink, n.outbox_id, n.attempts, n.retrying_since,
                     h.id AS lease_holder, h.attempts + 1 AS lease_attempts,
@@ -128,27 +146,61 @@ async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
          leased AS (
              UPDATE deliveries d SET lease_owner = $1, lease_expires_at = $2 + $3,
                     attempts = d.attempts + 1
-             WHERE d.id = ANY(ARRAY(SELECT id FROM heads)))
+             WHERE d.id = ANY(ARRAY(SELECT id FROM heads))),
+         relaned AS (
+             UPDATE delivery_lanes l
+             SET due_at = CASE WHEN f.due THEN $2 + $3 ELSE COALESCE(f.due_at, $2 + $3) END
+             FROM firsts f
+             WHERE l.run_id = f.run_id AND l.sink = f.sink)
          SELECT o.id, o.dedup_key, o.run_id, o.stage, o.event, o.payload, o.created_at,
                 s.id AS delivery_id, s.sink, s.attempts + 1 AS attempts,
                 s.retrying_since, s.lease_holder, s.lease_attempts
          FROM spans s JOIN outbox o ON o.id = s.outbox_id
-         WHERE s.held = 0",
-    )
-    .bind(&c.relay)
-    .bind(c.now)
-    .bind(c.lease_ms)
-    .bind(&c.sinks)
-    .bind(c.runs as i64)
-    .bind(c.per_run as i64)
-    .fetch_all(&mut **tx)
-    .await?;
+         WHERE s.held = 0";
+
+fn bind_claim<'q>(
+    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    c: &'q DeliveryClaim,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    query
+        .bind(&c.relay)
+        .bind(c.now)
+        .bind(c.lease_ms)
+        .bind(&c.sinks)
+        .bind(c.runs as i64)
+        .bind(c.per_run as i64)
+}
+
+async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
+    let rows = bind_claim(sqlx::query(CLAIM), c)
+        .fetch_all(&mut **tx)
+        .await?;
     let mut claimed = rows
         .iter()
         .map(rows::claimed_delivery)
         .collect::<Result<Vec<_>>>()?;
     claimed.sort_by(|a, b| (a.event.id, &a.sink).cmp(&(b.event.id, &b.sink)));
     Ok(claimed)
+}
+
+impl PostgresStore {
+    /// What a relay's claim does for `c` on the data there is now, as
+    /// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` prints it. The claim runs
+    /// and is rolled back: nothing is claimed. For diagnosing slow claims.
+    pub async fn explain_delivery_claim(&self, c: &DeliveryClaim) -> Result<serde_json::Value> {
+        let sql = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM}");
+        let mut tx = self.pool.begin().await?;
+        let row = bind_claim(sqlx::query(sqlx::AssertSqlSafe(sql)), c)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.rollback().await?;
+        // The plan is `json`, sent as its text.
+        let text: String = row.try_get_unchecked(0)?;
+        serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
+            table: "EXPLAIN",
+            detail: format!("the relay's claim plan is not JSON: {e}"),
+        })
+    }
 }
 
 /// The distinct leases `finished` were sent under, with their relay: the
@@ -163,40 +215,44 @@ fn leases(finished: &[DeliveryFinish]) -> Vec<(i64, i64, &str)> {
     leases
 }
 
-/// Records the results sent under leases the relay still holds: the
-/// leases' rows locked first, so that no claim takes one over before the
-/// results are in; then one statement, each row's columns as arrays.
+/// Records the results sent under leases the relay still holds. Their
+/// lanes are locked first, in the order of their keys: no claim takes one
+/// over, and no routing or redelivery adds to one, until the results are
+/// in and each lane is due again when its earliest pending delivery is
+/// (migration 0025). Each statement after the lock reads what was
+/// committed before it. The results go in one statement, each row's
+/// columns as arrays, and only where the row's lease holder still has the
+/// lease: the holders are looked up by key (`= ANY`), as a join with the
+/// arrays was planned, with the table's statistics behind, as a walk over
+/// every pending delivery.
 async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
     let leases = leases(finished);
-    let held: HashSet<i64> = sqlx::query_scalar(
-        "SELECT d.id FROM deliveries d
-         JOIN UNNEST($1::BIGINT[], $2::BIGINT[], $3::TEXT[]) AS l(id, attempts, relay)
-           ON d.id = l.id AND d.attempts = l.attempts AND d.lease_owner = l.relay
-         WHERE d.state = 'pending'
-         FOR UPDATE OF d",
+    let lanes: Vec<(String, String)> = sqlx::query_as(
+        "SELECT l.run_id, l.sink FROM delivery_lanes l
+         WHERE (l.run_id, l.sink) IN (
+             SELECT d.run_id, d.sink FROM deliveries d WHERE d.id = ANY($1))
+         ORDER BY l.run_id, l.sink
+         FOR UPDATE OF l",
     )
     .bind(column(&leases, |l| l.0))
-    .bind(column(&leases, |l| l.1))
-    .bind(column(&leases, |l| l.2))
     .fetch_all(&mut **tx)
-    .await?
-    .into_iter()
-    .collect();
-    let live: Vec<&DeliveryFinish> = finished
-        .iter()
-        .filter(|f| held.contains(&f.lease.holder))
-        .collect();
-    let rows: Vec<Finished<'_>> = live.iter().map(|f| Finished::of(f)).collect();
+    .await?;
+    let rows: Vec<Finished<'_>> = finished.iter().map(Finished::of).collect();
     let updated: HashSet<i64> = sqlx::query_scalar(
-        "UPDATE deliveries d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
+        "WITH held AS (
+             SELECT h.id FROM deliveries h
+             WHERE h.id = ANY($9) AND h.state = 'pending'
+               AND (h.id, h.attempts, h.lease_owner)
+                   IN (SELECT * FROM UNNEST($9::BIGINT[], $10::BIGINT[], $11::TEXT[])))
+         UPDATE deliveries d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
                 last_status = CASE WHEN x.unsent THEN d.last_status ELSE x.status END,
                 last_error = CASE WHEN x.unsent THEN d.last_error ELSE x.error END,
                 delivered_at = x.delivered_at, attempts = x.attempts,
                 lease_owner = NULL, lease_expires_at = NULL
          FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[],
-                     $6::BIGINT[], $7::BIGINT[], $8::BOOLEAN[])
-              AS x(state, next_at, status, error, delivered_at, id, attempts, unsent)
-         WHERE d.id = x.id AND d.state = 'pending'
+                     $6::BIGINT[], $7::BIGINT[], $8::BOOLEAN[], $12::BIGINT[])
+              AS x(state, next_at, status, error, delivered_at, id, attempts, unsent, holder)
+         WHERE d.id = x.id AND d.state = 'pending' AND x.holder IN (SELECT id FROM held)
          RETURNING d.id",
     )
     .bind(column(&rows, |w| w.state.as_str()))
@@ -204,13 +260,30 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
     .bind(column(&rows, |w| w.status))
     .bind(column(&rows, |w| w.error))
     .bind(column(&rows, |w| w.delivered_at))
-    .bind(column(&live, |f| f.id))
+    .bind(column(finished, |f| f.id))
     .bind(column(&rows, |w| w.attempts))
     .bind(column(&rows, |w| w.unsent))
+    .bind(column(&leases, |l| l.0))
+    .bind(column(&leases, |l| l.1))
+    .bind(column(&leases, |l| l.2))
+    .bind(column(finished, |f| f.lease.holder))
     .fetch_all(&mut **tx)
     .await?
     .into_iter()
     .collect();
+    sqlx::query(
+        "UPDATE delivery_lanes l SET due_at = (
+             SELECT GREATEST(e.next_at, e.lease_expires_at) FROM deliveries e
+             WHERE e.state = 'pending' AND e.run_id = l.run_id AND e.sink = l.sink
+             ORDER BY e.outbox_id
+             LIMIT 1)
+         FROM UNNEST($1::TEXT[], $2::TEXT[]) AS k(run_id, sink)
+         WHERE l.run_id = k.run_id AND l.sink = k.sink",
+    )
+    .bind(column(&lanes, |l| l.0.as_str()))
+    .bind(column(&lanes, |l| l.1.as_str()))
+    .execute(&mut **tx)
+    .await?;
     Ok(finished.iter().map(|f| updated.contains(&f.id)).collect())
 }
 
@@ -265,15 +338,26 @@ pub(super) async fn pending_by_sink(pool: &PgPool) -> Result<Vec<(String, i64)>>
     .await?)
 }
 
+/// Wakes the lanes of the deliveries it makes pending again, as routing
+/// does, and holds them until the commit (migration 0025).
 pub(super) async fn redeliver(store: &PostgresStore, r: Redeliver, now: i64) -> Result<u64> {
-    Ok(sqlx::query(
-        "UPDATE deliveries SET state = 'pending', attempts = 0, next_at = $1,
-                retrying_since = $1, lease_owner = NULL, lease_expires_at = NULL
-         WHERE state = 'dead' AND ($2::BIGINT IS NULL OR id = $2)",
+    let n: i64 = sqlx::query_scalar(
+        "WITH again AS (
+             UPDATE deliveries SET state = 'pending', attempts = 0, next_at = $1,
+                    retrying_since = $1, lease_owner = NULL, lease_expires_at = NULL
+             WHERE state = 'dead' AND ($2::BIGINT IS NULL OR id = $2)
+             RETURNING run_id, sink),
+         lanes AS (
+             INSERT INTO delivery_lanes (run_id, sink, due_at)
+             SELECT DISTINCT run_id, sink, $1::BIGINT FROM again
+             ORDER BY run_id, sink
+             ON CONFLICT (run_id, sink) DO UPDATE SET due_at = EXCLUDED.due_at
+             WHERE delivery_lanes.due_at IS NULL)
+         SELECT count(*) FROM again",
     )
     .bind(now)
     .bind(r.only())
-    .execute(&store.pool)
-    .await?
-    .rows_affected())
+    .fetch_one(&store.pool)
+    .await?;
+    Ok(n as u64)
 }

@@ -10,7 +10,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use ratchet_runtime::store::{EdgeKind, JobBatch, NewEdge, NewJob, RunSubmit, StageWork};
+use ratchet_runtime::store::{
+    EdgeKind, JobBatch, NewDelivery, NewEdge, NewJob, Routing, RunSubmit, StageWork,
+};
 
 use crate::{Harness, claim, completion, put_stand_in_plugin};
 
@@ -107,4 +109,24 @@ pub fn verified(secret: &str, headers: &HeaderMap, body: &[u8]) -> Option<(Strin
             id.to_string(),
         )
     })
+}
+
+/// Routes every event not yet routed (up to `limit`) to the sink `hooks`
+/// alone, through the store's own call; returns how many.
+pub async fn route_to_hooks(h: &Harness, limit: usize, now: i64) -> usize {
+    let events = h.store.outbox_unrouted(limit).await.expect("events");
+    let routing = Routing {
+        events: events.iter().map(|e| e.id).collect(),
+        deliveries: events
+            .iter()
+            .map(|e| NewDelivery {
+                outbox_id: e.id,
+                sink: "hooks".into(),
+                run_id: e.run_id.clone(),
+            })
+            .collect(),
+        now,
+    };
+    h.store.deliveries_route(&routing).await.expect("routed");
+    events.len()
 }

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::store::{
-    ClaimedDelivery, DeliveryClaim, DeliveryFinish, DeliveryResult, NewDelivery, PostgresStore,
-    Routing,
+    ClaimedDelivery, DeliveryClaim, DeliveryFinish, DeliveryResult, PostgresStore,
 };
+use ratchet_tests::events::route_to_hooks;
 use ratchet_tests::{Backend, Harness};
 use serde_json::Value;
 
@@ -64,25 +64,10 @@ async fn a_claim_on_postgres_reads_no_more_when_runs_have_come_to_different_poin
         runs * per_run
     ));
     h.raw_sql(&rows).await;
-    let events = h
-        .store
-        .outbox_unrouted(runs * per_run)
-        .await
-        .expect("unrouted");
-    assert_eq!(events.len(), runs * per_run);
-    let routing = Routing {
-        events: events.iter().map(|e| e.id).collect(),
-        deliveries: events
-            .iter()
-            .map(|e| NewDelivery {
-                outbox_id: e.id,
-                sink: "hooks".into(),
-                run_id: e.run_id.clone(),
-            })
-            .collect(),
-        now: clock.now_ms(),
-    };
-    h.store.deliveries_route(&routing).await.expect("routed");
+    assert_eq!(
+        route_to_hooks(&h, runs * per_run, clock.now_ms()).await,
+        runs * per_run
+    );
 
     // Every run's deliveries claimed. Runs 0 to 63 stay leased, as a
     // relay's runs in flight are; runs 64 to 127 have their first 32

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::store::{
     ClaimedDelivery, DeliveryClaim, DeliveryFilter, DeliveryFinish, DeliveryResult, DeliveryRow,
-    DeliveryState, NewDelivery, OutboxRow, Routing,
+    DeliveryState, OutboxRow, Routing,
 };
-use ratchet_tests::events::commit_chains;
+use ratchet_tests::events::{commit_chains, route_to_hooks};
 use ratchet_tests::{Backend, Harness};
 
 ratchet_tests::backend_tests! {
@@ -62,25 +62,6 @@ fn finished(
         .collect()
 }
 
-/// Routes every event not yet routed to the sink `hooks`; returns how many.
-async fn route_to_hooks(h: &Harness, now: i64) -> usize {
-    let events = h.store.outbox_unrouted(100).await.expect("events");
-    let routing = Routing {
-        events: events.iter().map(|e| e.id).collect(),
-        deliveries: events
-            .iter()
-            .map(|e| NewDelivery {
-                outbox_id: e.id,
-                sink: "hooks".into(),
-                run_id: e.run_id.clone(),
-            })
-            .collect(),
-        now,
-    };
-    h.store.deliveries_route(&routing).await.expect("routed");
-    events.len()
-}
-
 async fn rows(h: &Harness) -> Vec<DeliveryRow> {
     h.store
         .delivery_list(&DeliveryFilter::default())
@@ -94,7 +75,7 @@ async fn lapsed_lease(backend: Backend) {
         return;
     };
     commit_chains(&h, 1, &["a.one", "a.two", "a.three"]).await;
-    let n = route_to_hooks(&h, clock.now_ms()).await;
+    let n = route_to_hooks(&h, 100, clock.now_ms()).await;
     assert_eq!(n, 4, "three stages' events and the run's own");
 
     let claim_as = async |relay: &str| {
@@ -240,7 +221,7 @@ async fn claimed_as_stored(backend: Backend) {
         text.replace('\'', "''")
     ))
     .await;
-    let n = route_to_hooks(&h, clock.now_ms()).await;
+    let n = route_to_hooks(&h, 100, clock.now_ms()).await;
     let (_, claimed) = h
         .store
         .deliveries_finish_then_claim(&[], Some(&claim("relay", clock.now_ms())))

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use super::*;
 use crate::store::deliveries::{self, Finished, RouteTx};
@@ -158,10 +158,7 @@ const CLAIM: &str = "WITH lanes AS (
          FROM spans s JOIN outbox o ON o.id = s.outbox_id
          WHERE s.held = 0";
 
-fn bind_claim<'q>(
-    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
-    c: &'q DeliveryClaim,
-) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+fn bind_claim<'q>(query: PgQuery<'q>, c: &'q DeliveryClaim) -> PgQuery<'q> {
     query
         .bind(&c.relay)
         .bind(c.now)
@@ -184,22 +181,10 @@ async fn claim(tx: &mut Tx, c: &DeliveryClaim) -> Result<Vec<ClaimedDelivery>> {
 }
 
 impl PostgresStore {
-    /// What a relay's claim does for `c` on the data there is now, as
-    /// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` prints it. The claim runs
-    /// and is rolled back: nothing is claimed. For diagnosing slow claims.
+    /// What a relay's claim does for `c` on the data there is now
+    /// (`explained`): nothing is claimed.
     pub async fn explain_delivery_claim(&self, c: &DeliveryClaim) -> Result<serde_json::Value> {
-        let sql = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM}");
-        let mut tx = self.pool.begin().await?;
-        let row = bind_claim(sqlx::query(sqlx::AssertSqlSafe(sql)), c)
-            .fetch_one(&mut *tx)
-            .await?;
-        tx.rollback().await?;
-        // The plan is `json`, sent as its text.
-        let text: String = row.try_get_unchecked(0)?;
-        serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
-            table: "EXPLAIN",
-            detail: format!("the relay's claim plan is not JSON: {e}"),
-        })
+        explained(self, CLAIM, |q| bind_claim(q, c)).await
     }
 }
 

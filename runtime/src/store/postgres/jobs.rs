@@ -164,22 +164,10 @@ pub(super) fn bind_claim<'q>(query: PgQuery<'q>, c: &'q JobClaim) -> PgQuery<'q>
 }
 
 impl PostgresStore {
-    /// What the claim statement does for `c` on the data there is now, as
-    /// `EXPLAIN (ANALYZE, BUFFERS, SETTINGS, FORMAT JSON)` prints it. The claim runs
-    /// and is rolled back: nothing is claimed. For diagnosing slow claims.
+    /// What the claim statement does for `c` on the data there is now
+    /// (`explained`): nothing is claimed.
     pub async fn explain_claim(&self, c: &JobClaim) -> Result<serde_json::Value> {
-        let sql = format!("EXPLAIN (ANALYZE, BUFFERS, SETTINGS, FORMAT JSON) {CLAIM}");
-        let mut tx = self.begin_write().await?;
-        let row = bind_claim(sqlx::query(sqlx::AssertSqlSafe(sql)), c)
-            .fetch_one(&mut *tx)
-            .await?;
-        tx.rollback().await?;
-        // The plan is `json`, sent as its text.
-        let text: String = row.try_get_unchecked(0)?;
-        serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
-            table: "EXPLAIN",
-            detail: format!("the claim's plan is not JSON: {e}"),
-        })
+        explained(self, CLAIM, |q| bind_claim(q, c)).await
     }
 }
 

@@ -5,11 +5,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ratchet_runtime::clock::{Clock, ManualClock};
+use ratchet_runtime::relay::{Relay, RelayConfig, Sinks};
 use ratchet_runtime::store::{
     ClaimedDelivery, DeliveryClaim, DeliveryFinish, DeliveryResult, PostgresStore,
 };
-use ratchet_tests::events::route_to_hooks;
-use ratchet_tests::{Backend, Harness};
+use ratchet_tests::events::{commit_chains, route_to_hooks};
+use ratchet_tests::nats::jetstream;
+use ratchet_tests::{BOUND, Backend, Harness};
 use serde_json::Value;
 
 ratchet_tests::backend_tests! {
@@ -179,4 +181,48 @@ async fn pending_across_upgrade(backend: Backend) {
         .expect("claim");
     let keys: Vec<&str> = claimed.iter().map(|d| d.event.dedup_key.as_str()).collect();
     assert_eq!(keys, ["a/1", "a/2", "b/2"]);
+}
+
+/// A relay makes claimable, when it starts, pending deliveries whose runs
+/// no claim could find: routed without a lane (a relay of the schema
+/// before them, still running after the upgrade), or with the lane left
+/// empty. Seen failing without the relay's call: the relay, run until
+/// nothing is pending, never found the two runs and ran past the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_wakes_runs_no_claim_could_find() {
+    let Some((url, js)) = jetstream().await else {
+        return;
+    };
+    let clock = Arc::new(ratchet_runtime::clock::SystemClock);
+    let Some(h) = Harness::on(Backend::Postgres, clock.clone()).await else {
+        return;
+    };
+    commit_chains(&h, 3, &["a.one", "a.two"]).await;
+    let routed = route_to_hooks(&h, 100, clock.now_ms()).await;
+    h.raw_sql(
+        "DELETE FROM delivery_lanes WHERE run_id = 'run-0';
+         UPDATE delivery_lanes SET due_at = NULL WHERE run_id = 'run-1';",
+    )
+    .await;
+
+    let tag = format!("lanes{}", std::process::id());
+    let stream = format!("RATCHET_TEST_{tag}");
+    let _ = js.delete_stream(&stream).await;
+    let text = format!(
+        "[[sink]]\nname = \"hooks\"\ntype = \"nats\"\nurl = \"{url}\"\nstream = \"{stream}\"\nsubject = \"test-{tag}.{{event}}\"\ncreate_stream = true\nevents = [\"*\"]\n"
+    );
+    let sinks = Sinks::parse("sinks.toml", &text).expect("sinks file");
+    let mut config = RelayConfig::new("wakes");
+    config.poll = std::time::Duration::from_millis(5);
+    let relay =
+        Relay::new(h.store.clone(), &sinks, &|_| None, clock.clone(), config).expect("relay");
+    let relay = Arc::new(relay);
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    let stats = tokio::time::timeout(BOUND, relay.run(true, stopped))
+        .await
+        .expect("nothing pending within the bound")
+        .expect("relay ran");
+    let delivered = stats.delivered.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(delivered as usize, routed, "{}", stats.summary());
+    let _ = js.delete_stream(&stream).await;
 }

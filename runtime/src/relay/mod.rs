@@ -370,14 +370,22 @@ impl Relay {
 
     /// Routes and delivers until `stop` turns true or, with `until_idle`,
     /// until every event committed when it started is routed and no
-    /// delivery to this relay's sinks is pending. Warns once about pending
-    /// deliveries to sinks the file no longer has: they wait for a relay
-    /// that has them.
+    /// delivery to this relay's sinks is pending. First makes claimable
+    /// any pending delivery no claim could find (`deliveries_reconcile`).
+    /// Warns once about pending deliveries to sinks the file no longer has:
+    /// they wait for a relay that has them.
     pub async fn run(
         self: Arc<Self>,
         until_idle: bool,
         mut stop: watch::Receiver<bool>,
     ) -> Result<Arc<RelayStats>, StoreError> {
+        let woken = self.store.deliveries_reconcile().await?;
+        if woken > 0 {
+            tracing::warn!(
+                lanes = woken,
+                "runs with pending deliveries no claim could find were made claimable (routed outside a relay's steps)"
+            );
+        }
         let names: Vec<&str> = self.sinks.iter().map(|s| s.config.name.as_str()).collect();
         for (sink, n) in self.store.deliveries_pending_by_sink().await? {
             if !names.contains(&sink.as_str()) {

@@ -273,6 +273,9 @@ macro_rules! impl_store {
             async fn deliveries_redeliver(&self, r: Redeliver, now: i64) -> Result<u64> {
                 deliveries::redeliver(self, r, now).await
             }
+            async fn deliveries_reconcile(&self) -> Result<u64> {
+                deliveries::reconcile(&self.pool).await
+            }
         }
 
         #[async_trait::async_trait]

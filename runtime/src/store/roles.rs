@@ -258,6 +258,12 @@ pub trait Deliveries: Send + Sync {
     /// Makes dead letters pending again, due now, with a fresh count of
     /// attempts; returns how many.
     async fn deliveries_redeliver(&self, r: Redeliver, now: i64) -> Result<u64>;
+    /// Makes every pending delivery claimable again, for what routed it
+    /// outside the relay's own steps (a relay from before PostgreSQL's
+    /// lanes, a hand on the database): on PostgreSQL, the lanes of runs
+    /// with pending deliveries and none due are made or woken (ADR 0038);
+    /// returns how many. SQLite claims from the deliveries themselves.
+    async fn deliveries_reconcile(&self) -> Result<u64>;
 }
 
 /// One transaction shaped like a completion (canonical artifact insert,

@@ -346,3 +346,21 @@ pub(super) async fn redeliver(store: &PostgresStore, r: Redeliver, now: i64) -> 
     .await?;
     Ok(n as u64)
 }
+
+/// The lanes of runs with pending deliveries, made where missing and woken
+/// where empty, each due when its earliest pending delivery is, locked in
+/// the order of their keys as routing locks them.
+pub(super) async fn reconcile(pool: &PgPool) -> Result<u64> {
+    Ok(sqlx::query(
+        "INSERT INTO delivery_lanes (run_id, sink, due_at)
+         SELECT DISTINCT ON (run_id, sink) run_id, sink, GREATEST(next_at, lease_expires_at)
+         FROM deliveries
+         WHERE state = 'pending'
+         ORDER BY run_id, sink, outbox_id
+         ON CONFLICT (run_id, sink) DO UPDATE SET due_at = EXCLUDED.due_at
+         WHERE delivery_lanes.due_at IS NULL",
+    )
+    .execute(pool)
+    .await?
+    .rows_affected())
+}

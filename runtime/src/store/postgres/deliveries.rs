@@ -9,6 +9,20 @@ use sqlx::PgPool;
 use super::*;
 use crate::store::deliveries::{self, Finished, RouteTx};
 
+/// How routing, a redelivery and a relay's reconciliation add to a run's
+/// lane (`INSERT INTO delivery_lanes … ORDER BY run_id, sink` before it): a
+/// lane with nothing pending is woken, one already due or leased is left as
+/// it is. Either way the row stays locked until the commit, which is what
+/// keeps a concurrent record of results from leaving it empty under a new
+/// delivery (ADR 0038); the rows come in key order, as every lock of lanes
+/// takes them.
+macro_rules! wake_lanes {
+    () => {
+        "ON CONFLICT (run_id, sink) DO UPDATE SET due_at = EXCLUDED.due_at
+         WHERE delivery_lanes.due_at IS NULL"
+    };
+}
+
 pub(super) async fn unrouted(pool: &PgPool, limit: usize) -> Result<Vec<UnroutedEvent>> {
     // The queue's ids first, then their events by key: a join lets the
     // planner, with the queue's statistics stale (it fills and empties
@@ -48,20 +62,20 @@ impl RouteTx for RoutingTx<'_> {
     /// Each run's lane for the sink is made, or woken if it had nothing
     /// pending, and locked until the commit (migration 0025).
     async fn deliveries_insert(&mut self, d: &[NewDelivery], now: i64) -> Result<()> {
-        sqlx::query(
+        sqlx::query(concat!(
             "WITH lanes AS (
                  INSERT INTO delivery_lanes (run_id, sink, due_at)
                  SELECT DISTINCT r, s, $4::BIGINT
                  FROM UNNEST($2::TEXT[], $3::TEXT[]) AS u (s, r)
-                 ORDER BY r, s
-                 ON CONFLICT (run_id, sink) DO UPDATE SET due_at = EXCLUDED.due_at
-                 WHERE delivery_lanes.due_at IS NULL)
+                 ORDER BY r, s ",
+            wake_lanes!(),
+            ")
              INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
                                      created_at)
              SELECT e, s, r, 'pending', $4, $4, $4
              FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[]) AS u (e, s, r)
-             ON CONFLICT (outbox_id, sink) DO NOTHING",
-        )
+             ON CONFLICT (outbox_id, sink) DO NOTHING"
+        ))
         .bind(column(d, |d| d.outbox_id))
         .bind(column(d, |d| d.sink.as_str()))
         .bind(column(d, |d| d.run_id.as_str()))
@@ -326,7 +340,7 @@ pub(super) async fn pending_by_sink(pool: &PgPool) -> Result<Vec<(String, i64)>>
 /// Wakes the lanes of the deliveries it makes pending again, as routing
 /// does, and holds them until the commit (migration 0025).
 pub(super) async fn redeliver(store: &PostgresStore, r: Redeliver, now: i64) -> Result<u64> {
-    let n: i64 = sqlx::query_scalar(
+    let n: i64 = sqlx::query_scalar(concat!(
         "WITH again AS (
              UPDATE deliveries SET state = 'pending', attempts = 0, next_at = $1,
                     retrying_since = $1, lease_owner = NULL, lease_expires_at = NULL
@@ -335,11 +349,11 @@ pub(super) async fn redeliver(store: &PostgresStore, r: Redeliver, now: i64) -> 
          lanes AS (
              INSERT INTO delivery_lanes (run_id, sink, due_at)
              SELECT DISTINCT run_id, sink, $1::BIGINT FROM again
-             ORDER BY run_id, sink
-             ON CONFLICT (run_id, sink) DO UPDATE SET due_at = EXCLUDED.due_at
-             WHERE delivery_lanes.due_at IS NULL)
-         SELECT count(*) FROM again",
-    )
+             ORDER BY run_id, sink ",
+        wake_lanes!(),
+        ")
+         SELECT count(*) FROM again"
+    ))
     .bind(now)
     .bind(r.only())
     .fetch_one(&store.pool)
@@ -351,15 +365,14 @@ pub(super) async fn redeliver(store: &PostgresStore, r: Redeliver, now: i64) -> 
 /// where empty, each due when its earliest pending delivery is, locked in
 /// the order of their keys as routing locks them.
 pub(super) async fn reconcile(pool: &PgPool) -> Result<u64> {
-    Ok(sqlx::query(
+    Ok(sqlx::query(concat!(
         "INSERT INTO delivery_lanes (run_id, sink, due_at)
          SELECT DISTINCT ON (run_id, sink) run_id, sink, GREATEST(next_at, lease_expires_at)
          FROM deliveries
          WHERE state = 'pending'
-         ORDER BY run_id, sink, outbox_id
-         ON CONFLICT (run_id, sink) DO UPDATE SET due_at = EXCLUDED.due_at
-         WHERE delivery_lanes.due_at IS NULL",
-    )
+         ORDER BY run_id, sink, outbox_id ",
+        wake_lanes!()
+    ))
     .execute(pool)
     .await?
     .rows_affected())

@@ -1,29 +1,5 @@
-//! Routing a page of committed events to their sinks: the deliveries and
-//! the events' mark, in one transaction. The order of the steps is decided
-//! here once; each backend supplies the statements ([`RouteTx`]).
-
-use super::{NewDelivery, Result, Routing};
-
-/// The statements of routing, inside one open transaction.
-pub(crate) trait RouteTx {
-    /// Inserts the deliveries, skipping any `(event, sink)` already there
-    /// (another relay routed the same page).
-    async fn deliveries_insert(&mut self, d: &[NewDelivery], now: i64) -> Result<()>;
-    /// Marks the events routed.
-    async fn outbox_mark_routed(&mut self, events: &[i64], now: i64) -> Result<()>;
-}
-
-/// Routes `r` (see [`super::Deliveries::deliveries_route`]). The caller
-/// commits.
-pub(crate) async fn route(tx: &mut impl RouteTx, r: &Routing) -> Result<()> {
-    if !r.deliveries.is_empty() {
-        tx.deliveries_insert(&r.deliveries, r.now).await?;
-    }
-    if !r.events.is_empty() {
-        tx.outbox_mark_routed(&r.events, r.now).await?;
-    }
-    Ok(())
-}
+//! What both backends' relay statements share: the columns an attempt's
+//! result writes.
 
 /// The columns an attempt's result writes to its delivery row.
 pub(crate) struct Finished<'a> {

@@ -7,19 +7,24 @@ use std::collections::HashSet;
 use sqlx::PgPool;
 
 use super::*;
-use crate::store::deliveries::{self, Finished, RouteTx};
+use crate::store::deliveries::Finished;
 
 /// How routing, a redelivery and a relay's reconciliation add to a run's
-/// lane (`INSERT INTO delivery_lanes … ORDER BY run_id, sink` before it): a
-/// lane with nothing pending is woken, one already due or leased is left as
-/// it is. Either way the row stays locked until the commit, which is what
-/// keeps a concurrent record of results from leaving it empty under a new
-/// delivery (ADR 0038); the rows come in key order, as every lock of lanes
-/// takes them.
+/// lane (`INSERT INTO delivery_lanes … ORDER BY run_id, sink` before it),
+/// each row's `first_pending` the earliest of the deliveries it adds: a
+/// lane with nothing pending is woken and takes its place from them, one
+/// already due or leased keeps its time, and its place unless they come
+/// before it (a redelivered dead letter). Either way the row stays locked
+/// until the commit, which is what keeps a concurrent record of results
+/// from leaving it empty under a new delivery (ADR 0038); the rows come in
+/// key order, as every lock of lanes takes them.
 macro_rules! wake_lanes {
     () => {
-        "ON CONFLICT (run_id, sink) DO UPDATE SET due_at = EXCLUDED.due_at
-         WHERE delivery_lanes.due_at IS NULL"
+        "ON CONFLICT (run_id, sink) DO UPDATE
+         SET due_at = COALESCE(delivery_lanes.due_at, EXCLUDED.due_at),
+             first_pending = LEAST(delivery_lanes.first_pending, EXCLUDED.first_pending)
+         WHERE delivery_lanes.due_at IS NULL OR delivery_lanes.first_pending IS NULL
+            OR EXCLUDED.first_pending < delivery_lanes.first_pending"
     };
 }
 
@@ -38,9 +43,39 @@ pub(super) async fn unrouted(pool: &PgPool, limit: usize) -> Result<Vec<Unrouted
     Ok(rows.into_iter().map(UnroutedEvent::from).collect())
 }
 
+/// Routes a page in one statement. It takes the events out of the queue
+/// of unrouted ones first (migration 0023), so the deliveries it inserts
+/// are of events this transaction took: a relay routing the same page
+/// waits for the commit and then finds them gone, and the deliveries need
+/// no check for a conflict (an `ON CONFLICT` insert writes each row twice
+/// to the log). Each run's lane for the sink is made, or woken if it had
+/// nothing pending, and locked until the commit (migration 0025).
 pub(super) async fn route(store: &PostgresStore, r: &Routing) -> Result<()> {
+    let d = &r.deliveries;
     let mut tx = begin_bookkeeping(store).await?;
-    deliveries::route(&mut RoutingTx(&mut tx), r).await?;
+    sqlx::query(concat!(
+        "WITH taken AS (DELETE FROM outbox_unrouted WHERE id = ANY($5) RETURNING id),
+         routed AS (
+             SELECT e, s, r FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[]) AS u (e, s, r)
+             WHERE e IN (SELECT id FROM taken)),
+         lanes AS (
+             INSERT INTO delivery_lanes (run_id, sink, due_at, first_pending)
+             SELECT r, s, $4::BIGINT, min(e) FROM routed
+             GROUP BY r, s
+             ORDER BY r, s ",
+        wake_lanes!(),
+        ")
+         INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
+                                 created_at)
+         SELECT e, s, r, 'pending', $4, $4, $4 FROM routed"
+    ))
+    .bind(column(d, |d| d.outbox_id))
+    .bind(column(d, |d| d.sink.as_str()))
+    .bind(column(d, |d| d.run_id.as_str()))
+    .bind(r.now)
+    .bind(&r.events)
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(())
 }
@@ -53,47 +88,6 @@ async fn begin_bookkeeping(store: &PostgresStore) -> Result<Tx> {
         .pool
         .begin_with("BEGIN; SET LOCAL synchronous_commit = off")
         .await?)
-}
-
-/// The statements of `store::deliveries` on a write transaction.
-struct RoutingTx<'t>(&'t mut Tx);
-
-impl RouteTx for RoutingTx<'_> {
-    /// Each run's lane for the sink is made, or woken if it had nothing
-    /// pending, and locked until the commit (migration 0025).
-    async fn deliveries_insert(&mut self, d: &[NewDelivery], now: i64) -> Result<()> {
-        sqlx::query(concat!(
-            "WITH lanes AS (
-                 INSERT INTO delivery_lanes (run_id, sink, due_at)
-                 SELECT DISTINCT r, s, $4::BIGINT
-                 FROM UNNEST($2::TEXT[], $3::TEXT[]) AS u (s, r)
-                 ORDER BY r, s ",
-            wake_lanes!(),
-            ")
-             INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
-                                     created_at)
-             SELECT e, s, r, 'pending', $4, $4, $4
-             FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[]) AS u (e, s, r)
-             ON CONFLICT (outbox_id, sink) DO NOTHING"
-        ))
-        .bind(column(d, |d| d.outbox_id))
-        .bind(column(d, |d| d.sink.as_str()))
-        .bind(column(d, |d| d.run_id.as_str()))
-        .bind(now)
-        .execute(&mut **self.0)
-        .await?;
-        Ok(())
-    }
-
-    /// Takes the events out of the queue of unrouted ones (migration 0023):
-    /// their rows are left as they are.
-    async fn outbox_mark_routed(&mut self, events: &[i64], _now: i64) -> Result<()> {
-        sqlx::query("DELETE FROM outbox_unrouted WHERE id = ANY($1)")
-            .bind(events)
-            .execute(&mut **self.0)
-            .await?;
-        Ok(())
-    }
 }
 
 pub(super) async fn finish_then_claim(
@@ -116,19 +110,20 @@ pub(super) async fn finish_then_claim(
 }
 
 /// The due lanes no one holds, each with its run's earliest pending
-/// delivery (migration 0025). Only a span's head records the lease
-/// (`DeliveryLease`), and its lane is due again when the lease ends;
-/// a lane whose first delivery is not yet due waits for it. A lane
-/// with nothing pending (only a concurrent change makes one) is looked
-/// at again when a lease would have ended: setting it empty here could
-/// miss a delivery committed since this statement's snapshot, which
-/// recording results, holding the lane first, never misses. The
-/// statement reads the rows as they were before, so `attempts` adds the
-/// claim's. A span carries the columns it returns (no second lookup of
-/// each row), and the heads are leased by their keys: a join with them,
-/// estimated small, was planned as a walk over the whole table.
+/// delivery, looked up from the lane's place (migrations 0025 and 0026).
+/// Only a span's head records the lease (`DeliveryLease`), and its lane is
+/// due again when the lease ends; a lane whose first delivery is not yet
+/// due waits for it. A lane with nothing pending (only a concurrent change
+/// makes one) is looked at again when a lease would have ended: setting it
+/// empty here could miss a delivery committed since this statement's
+/// snapshot, which recording results, holding the lane first, never
+/// misses. The statement reads the rows as they were before, so
+/// `attempts` adds the claim's. A span carries the columns it returns (no
+/// second lookup of each row), and the heads are leased by their keys: a
+/// join with them, estimated small, was planned as a walk over the whole
+/// table.
 const CLAIM: &str = "WITH lanes AS (
-             SELECT l.run_id, l.sink FROM delivery_lanes l
+             SELECT l.run_id, l.sink, l.first_pending FROM delivery_lanes l
              WHERE l.sink = ANY($4) AND l.due_at <= $2
              ORDER BY l.due_at
              LIMIT $5
@@ -140,7 +135,8 @@ const CLAIM: &str = "WITH lanes AS (
              FROM lanes l LEFT JOIN LATERAL (
                  SELECT e.id, e.outbox_id, e.attempts, e.next_at, e.lease_expires_at
                  FROM deliveries e
-                 WHERE e.state = 'pending' AND e.run_id = l.run_id AND e.sink = l.sink
+                 WHERE e.run_id = l.run_id AND e.sink = l.sink
+                   AND e.outbox_id >= l.first_pending AND e.state = 'pending'
                  ORDER BY e.outbox_id
                  LIMIT 1) f ON TRUE),
          heads AS (SELECT id, run_id, sink, outbox_id, attempts FROM firsts WHERE due),
@@ -202,30 +198,24 @@ impl PostgresStore {
     }
 }
 
-/// The distinct leases `finished` were sent under, with their relay: the
-/// ones whose holder still has them are the ones recorded.
-fn leases(finished: &[DeliveryFinish]) -> Vec<(i64, i64, &str)> {
-    let mut leases: Vec<_> = finished
-        .iter()
-        .map(|f| (f.lease.holder, f.lease.attempts, f.relay.as_str()))
-        .collect();
-    leases.sort_unstable();
-    leases.dedup();
-    leases
-}
-
 /// Records the results sent under leases the relay still holds. Their
 /// lanes are locked first, in the order of their keys: no claim takes one
 /// over, and no routing or redelivery adds to one, until the results are
-/// in and each lane is due again when its earliest pending delivery is
-/// (migration 0025). Each statement after the lock reads what was
-/// committed before it. The results go in one statement, each row's
-/// columns as arrays, and only where the row's lease holder still has the
-/// lease: the holders are looked up by key (`= ANY`), as a join with the
-/// arrays was planned, with the table's statistics behind, as a walk over
-/// every pending delivery.
+/// in and each lane is due again when its earliest pending delivery is,
+/// which is also its place from then on (migrations 0025 and 0026): the
+/// lookup passes only the deliveries this batch finished. Each statement
+/// after the lock reads what was committed before it. The results go in
+/// one statement, each row's columns as arrays, and only where the row's
+/// lease holder still has the lease: each row's holder is joined by its
+/// key, which costs the same for any number of leases (a list of held
+/// leases matched with `IN` was planned as a loop over the list for each
+/// lease). The results write no indexed column, so PostgreSQL updates the
+/// rows in place.
 async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
-    let leases = leases(finished);
+    // A lease's holder is in its lane, as is every delivery sent under it.
+    let mut holders: Vec<i64> = finished.iter().map(|f| f.lease.holder).collect();
+    holders.sort_unstable();
+    holders.dedup();
     let lanes: Vec<(String, String)> = sqlx::query_as(
         "SELECT l.run_id, l.sink FROM delivery_lanes l
          WHERE (l.run_id, l.sink) IN (
@@ -233,25 +223,24 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
          ORDER BY l.run_id, l.sink
          FOR UPDATE OF l",
     )
-    .bind(column(&leases, |l| l.0))
+    .bind(&holders)
     .fetch_all(&mut **tx)
     .await?;
     let rows: Vec<Finished<'_>> = finished.iter().map(Finished::of).collect();
     let updated: HashSet<i64> = sqlx::query_scalar(
-        "WITH held AS (
-             SELECT h.id FROM deliveries h
-             WHERE h.id = ANY($9) AND h.state = 'pending'
-               AND (h.id, h.attempts, h.lease_owner)
-                   IN (SELECT * FROM UNNEST($9::BIGINT[], $10::BIGINT[], $11::TEXT[])))
-         UPDATE deliveries d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
+        "UPDATE deliveries d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
                 last_status = CASE WHEN x.unsent THEN d.last_status ELSE x.status END,
                 last_error = CASE WHEN x.unsent THEN d.last_error ELSE x.error END,
                 delivered_at = x.delivered_at, attempts = x.attempts,
                 lease_owner = NULL, lease_expires_at = NULL
          FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[],
-                     $6::BIGINT[], $7::BIGINT[], $8::BOOLEAN[], $12::BIGINT[])
-              AS x(state, next_at, status, error, delivered_at, id, attempts, unsent, holder)
-         WHERE d.id = x.id AND d.state = 'pending' AND x.holder IN (SELECT id FROM held)
+                     $6::BIGINT[], $7::BIGINT[], $8::BOOLEAN[], $9::BIGINT[], $10::BIGINT[],
+                     $11::TEXT[])
+              AS x(state, next_at, status, error, delivered_at, id, attempts, unsent, holder,
+                   lease_attempts, relay)
+              JOIN deliveries h ON h.id = x.holder
+         WHERE d.id = x.id AND d.state = 'pending' AND h.state = 'pending'
+           AND h.attempts = x.lease_attempts AND h.lease_owner = x.relay
          RETURNING d.id",
     )
     .bind(column(&rows, |w| w.state.as_str()))
@@ -262,18 +251,18 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
     .bind(column(finished, |f| f.id))
     .bind(column(&rows, |w| w.attempts))
     .bind(column(&rows, |w| w.unsent))
-    .bind(column(&leases, |l| l.0))
-    .bind(column(&leases, |l| l.1))
-    .bind(column(&leases, |l| l.2))
     .bind(column(finished, |f| f.lease.holder))
+    .bind(column(finished, |f| f.lease.attempts))
+    .bind(column(finished, |f| f.relay.as_str()))
     .fetch_all(&mut **tx)
     .await?
     .into_iter()
     .collect();
     sqlx::query(
-        "UPDATE delivery_lanes l SET due_at = (
-             SELECT GREATEST(e.next_at, e.lease_expires_at) FROM deliveries e
-             WHERE e.state = 'pending' AND e.run_id = l.run_id AND e.sink = l.sink
+        "UPDATE delivery_lanes l SET (first_pending, due_at) = (
+             SELECT e.outbox_id, GREATEST(e.next_at, e.lease_expires_at) FROM deliveries e
+             WHERE e.run_id = l.run_id AND e.sink = l.sink
+               AND e.outbox_id >= COALESCE(l.first_pending, 0) AND e.state = 'pending'
              ORDER BY e.outbox_id
              LIMIT 1)
          FROM UNNEST($1::TEXT[], $2::TEXT[]) AS k(run_id, sink)
@@ -286,8 +275,8 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
     Ok(finished.iter().map(|f| updated.contains(&f.id)).collect())
 }
 
-/// A run's deliveries are found through its events (`outbox_run_stage`):
-/// `deliveries` has no index by run (migration 0024).
+/// A run's deliveries are found by their key, which starts with the run
+/// (migration 0026).
 pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
     // Two statements, not one with `run IS NULL OR`: a generic plan of
     // that walks every event, and the audit lists each run's.
@@ -295,8 +284,8 @@ pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<Delive
     let rows = match &f.run_id {
         Some(run) => sqlx::query(
             "SELECT d.*, o.dedup_key, o.event, o.stage
-             FROM outbox o JOIN deliveries d ON d.outbox_id = o.id
-             WHERE o.run_id = $1 AND ($2::TEXT IS NULL OR d.state = $2)
+             FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
+             WHERE d.run_id = $1 AND ($2::TEXT IS NULL OR d.state = $2)
              ORDER BY d.outbox_id, d.sink",
         )
         .bind(run)
@@ -314,8 +303,8 @@ pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<Delive
     rows.iter().map(rows::delivery_row).collect()
 }
 
-/// Reads every delivery (of the run) once: with no index by run, a run's
-/// own are found by reading them all.
+/// Reads every delivery once, a run's or all: a plan for either
+/// (`$1 IS NULL OR`) walks the table.
 pub(super) async fn orphaned(pool: &PgPool, run: Option<&str>) -> Result<Vec<OrphanDelivery>> {
     let rows: Vec<(i64, i64, String, String)> = sqlx::query_as(
         "SELECT d.id, d.outbox_id, d.sink, d.run_id FROM deliveries d
@@ -345,10 +334,11 @@ pub(super) async fn redeliver(store: &PostgresStore, r: Redeliver, now: i64) -> 
              UPDATE deliveries SET state = 'pending', attempts = 0, next_at = $1,
                     retrying_since = $1, lease_owner = NULL, lease_expires_at = NULL
              WHERE state = 'dead' AND ($2::BIGINT IS NULL OR id = $2)
-             RETURNING run_id, sink),
+             RETURNING run_id, sink, outbox_id),
          lanes AS (
-             INSERT INTO delivery_lanes (run_id, sink, due_at)
-             SELECT DISTINCT run_id, sink, $1::BIGINT FROM again
+             INSERT INTO delivery_lanes (run_id, sink, due_at, first_pending)
+             SELECT run_id, sink, $1::BIGINT, min(outbox_id) FROM again
+             GROUP BY run_id, sink
              ORDER BY run_id, sink ",
         wake_lanes!(),
         ")
@@ -362,12 +352,14 @@ pub(super) async fn redeliver(store: &PostgresStore, r: Redeliver, now: i64) -> 
 }
 
 /// The lanes of runs with pending deliveries, made where missing and woken
-/// where empty, each due when its earliest pending delivery is, locked in
-/// the order of their keys as routing locks them.
+/// where empty, each due when its earliest pending delivery is and placed
+/// at it, locked in the order of their keys as routing locks them. Reads
+/// every delivery once: no index is of pending ones alone (migration 0026).
 pub(super) async fn reconcile(pool: &PgPool) -> Result<u64> {
     Ok(sqlx::query(concat!(
-        "INSERT INTO delivery_lanes (run_id, sink, due_at)
-         SELECT DISTINCT ON (run_id, sink) run_id, sink, GREATEST(next_at, lease_expires_at)
+        "INSERT INTO delivery_lanes (run_id, sink, due_at, first_pending)
+         SELECT DISTINCT ON (run_id, sink) run_id, sink, GREATEST(next_at, lease_expires_at),
+                outbox_id
          FROM deliveries
          WHERE state = 'pending'
          ORDER BY run_id, sink, outbox_id ",

@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use sqlx::SqlitePool;
 
 use super::*;
-use crate::store::deliveries::{self, Finished, RouteTx};
+use crate::store::deliveries::Finished;
 
 pub(super) async fn unrouted(pool: &SqlitePool, limit: usize) -> Result<Vec<UnroutedEvent>> {
     let page: String = sqlx::query_scalar(
@@ -29,18 +29,13 @@ fn from_json<T: DeserializeOwned>(table: &'static str, text: &str) -> Result<T> 
     serde_json::from_str(text).map_err(|e| rows::corrupt(table, e))
 }
 
+/// Routes a page: the deliveries, skipping any `(event, sink)` already
+/// there (another relay routed the same page), then the events' mark, in
+/// one transaction.
 pub(super) async fn route(store: &SqliteStore, r: &Routing) -> Result<()> {
     let mut writer = store.writer.lock().await;
     let mut tx = begin(&mut writer, Durability::Lazy).await?;
-    deliveries::route(&mut RoutingTx(&mut tx), r).await?;
-    store.commit(tx).await
-}
-
-/// The statements of `store::deliveries` on the writer's transaction.
-struct RoutingTx<'t, 'c>(&'t mut Tx<'c>);
-
-impl RouteTx for RoutingTx<'_, '_> {
-    async fn deliveries_insert(&mut self, d: &[NewDelivery], now: i64) -> Result<()> {
+    if !r.deliveries.is_empty() {
         sqlx::query(
             "INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
                                      created_at)
@@ -50,24 +45,22 @@ impl RouteTx for RoutingTx<'_, '_> {
              WHERE true -- an upsert's SELECT needs a WHERE, or ON parses as a join's
              ON CONFLICT (outbox_id, sink) DO NOTHING",
         )
-        .bind(to_json(&d))
-        .bind(now)
-        .execute(&mut **self.0)
+        .bind(to_json(&r.deliveries))
+        .bind(r.now)
+        .execute(&mut *tx)
         .await?;
-        Ok(())
     }
-
-    async fn outbox_mark_routed(&mut self, events: &[i64], now: i64) -> Result<()> {
+    if !r.events.is_empty() {
         sqlx::query(
             "UPDATE outbox SET routed_at = ?2
              WHERE id IN (SELECT value FROM jsonb_each(?1)) AND routed_at IS NULL",
         )
-        .bind(to_json(&events))
-        .bind(now)
-        .execute(&mut **self.0)
+        .bind(to_json(&r.events))
+        .bind(r.now)
+        .execute(&mut *tx)
         .await?;
-        Ok(())
     }
+    store.commit(tx).await
 }
 
 pub(super) async fn finish_then_claim(

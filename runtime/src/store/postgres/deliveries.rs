@@ -196,6 +196,75 @@ impl PostgresStore {
     pub async fn explain_delivery_claim(&self, c: &DeliveryClaim) -> Result<serde_json::Value> {
         explained(self, CLAIM, |q| bind_claim(q, c)).await
     }
+
+    /// What recording `finished` (results sent under the leases of their
+    /// holders) does to the deliveries on the data there is now
+    /// (`explained`): nothing is recorded.
+    pub async fn explain_delivery_results(
+        &self,
+        finished: &[DeliveryFinish],
+    ) -> Result<serde_json::Value> {
+        let rows: Vec<Finished<'_>> = finished.iter().map(Finished::of).collect();
+        let holders = lease_holders(finished);
+        explained(self, RESULTS, |q| {
+            bind_results(q, finished, &rows, &holders)
+        })
+        .await
+    }
+}
+
+/// The results, each row's columns as arrays, recorded where the row's
+/// lease holder (one of `holders`) still has the lease. The holders are
+/// read first, once each, by their keys, and each row is joined to its own
+/// (a list of held leases matched with `IN` was planned as a loop over the
+/// list for each lease; a join of the rows with the table, as a walk over
+/// every delivery the table holds, once per batch).
+const RESULTS: &str = "WITH held AS MATERIALIZED (
+             SELECT id, attempts, lease_owner FROM deliveries
+             WHERE id = ANY($12) AND state = 'pending')
+         UPDATE deliveries d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
+                last_status = CASE WHEN x.unsent THEN d.last_status ELSE x.status END,
+                last_error = CASE WHEN x.unsent THEN d.last_error ELSE x.error END,
+                delivered_at = x.delivered_at, attempts = x.attempts,
+                lease_owner = NULL, lease_expires_at = NULL
+         FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[],
+                     $6::BIGINT[], $7::BIGINT[], $8::BOOLEAN[], $9::BIGINT[], $10::BIGINT[],
+                     $11::TEXT[])
+              AS x(state, next_at, status, error, delivered_at, id, attempts, unsent, holder,
+                   lease_attempts, relay)
+              JOIN held h ON h.id = x.holder AND h.attempts = x.lease_attempts
+                         AND h.lease_owner = x.relay
+         WHERE d.id = x.id AND d.state = 'pending'
+         RETURNING d.id";
+
+fn bind_results<'q>(
+    query: PgQuery<'q>,
+    finished: &'q [DeliveryFinish],
+    rows: &'q [Finished<'q>],
+    holders: &'q [i64],
+) -> PgQuery<'q> {
+    query
+        .bind(column(rows, |w| w.state.as_str()))
+        .bind(column(rows, |w| w.next_at))
+        .bind(column(rows, |w| w.status))
+        .bind(column(rows, |w| w.error))
+        .bind(column(rows, |w| w.delivered_at))
+        .bind(column(finished, |f| f.id))
+        .bind(column(rows, |w| w.attempts))
+        .bind(column(rows, |w| w.unsent))
+        .bind(column(finished, |f| f.lease.holder))
+        .bind(column(finished, |f| f.lease.attempts))
+        .bind(column(finished, |f| f.relay.as_str()))
+        .bind(holders)
+}
+
+/// The deliveries holding the leases `finished` was sent under, once each.
+/// A lease's holder is in its lane, as is every delivery sent under it.
+fn lease_holders(finished: &[DeliveryFinish]) -> Vec<i64> {
+    let mut holders: Vec<i64> = finished.iter().map(|f| f.lease.holder).collect();
+    holders.sort_unstable();
+    holders.dedup();
+    holders
 }
 
 /// Records the results sent under leases the relay still holds. Their
@@ -205,17 +274,10 @@ impl PostgresStore {
 /// which is also its place from then on (migrations 0025 and 0026): the
 /// lookup passes only the deliveries this batch finished. Each statement
 /// after the lock reads what was committed before it. The results go in
-/// one statement, each row's columns as arrays, and only where the row's
-/// lease holder still has the lease: each row's holder is joined by its
-/// key, which costs the same for any number of leases (a list of held
-/// leases matched with `IN` was planned as a loop over the list for each
-/// lease). The results write no indexed column, so PostgreSQL updates the
-/// rows in place.
+/// one statement ([`RESULTS`]); they write no indexed column, so
+/// PostgreSQL updates the rows in place.
 async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
-    // A lease's holder is in its lane, as is every delivery sent under it.
-    let mut holders: Vec<i64> = finished.iter().map(|f| f.lease.holder).collect();
-    holders.sort_unstable();
-    holders.dedup();
+    let holders = lease_holders(finished);
     let lanes: Vec<(String, String)> = sqlx::query_as(
         "SELECT l.run_id, l.sink FROM delivery_lanes l
          WHERE (l.run_id, l.sink) IN (
@@ -227,37 +289,12 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
     .fetch_all(&mut **tx)
     .await?;
     let rows: Vec<Finished<'_>> = finished.iter().map(Finished::of).collect();
-    let updated: HashSet<i64> = sqlx::query_scalar(
-        "UPDATE deliveries d SET state = x.state, next_at = COALESCE(x.next_at, d.next_at),
-                last_status = CASE WHEN x.unsent THEN d.last_status ELSE x.status END,
-                last_error = CASE WHEN x.unsent THEN d.last_error ELSE x.error END,
-                delivered_at = x.delivered_at, attempts = x.attempts,
-                lease_owner = NULL, lease_expires_at = NULL
-         FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::BIGINT[],
-                     $6::BIGINT[], $7::BIGINT[], $8::BOOLEAN[], $9::BIGINT[], $10::BIGINT[],
-                     $11::TEXT[])
-              AS x(state, next_at, status, error, delivered_at, id, attempts, unsent, holder,
-                   lease_attempts, relay)
-              JOIN deliveries h ON h.id = x.holder
-         WHERE d.id = x.id AND d.state = 'pending' AND h.state = 'pending'
-           AND h.attempts = x.lease_attempts AND h.lease_owner = x.relay
-         RETURNING d.id",
-    )
-    .bind(column(&rows, |w| w.state.as_str()))
-    .bind(column(&rows, |w| w.next_at))
-    .bind(column(&rows, |w| w.status))
-    .bind(column(&rows, |w| w.error))
-    .bind(column(&rows, |w| w.delivered_at))
-    .bind(column(finished, |f| f.id))
-    .bind(column(&rows, |w| w.attempts))
-    .bind(column(&rows, |w| w.unsent))
-    .bind(column(finished, |f| f.lease.holder))
-    .bind(column(finished, |f| f.lease.attempts))
-    .bind(column(finished, |f| f.relay.as_str()))
-    .fetch_all(&mut **tx)
-    .await?
-    .into_iter()
-    .collect();
+    let updated: HashSet<i64> = bind_results(sqlx::query(RESULTS), finished, &rows, &holders)
+        .fetch_all(&mut **tx)
+        .await?
+        .iter()
+        .map(|row| sqlx::Row::try_get::<i64, _>(row, 0))
+        .collect::<std::result::Result<_, _>>()?;
     sqlx::query(
         "UPDATE delivery_lanes l SET (first_pending, due_at) = (
              SELECT e.outbox_id, GREATEST(e.next_at, e.lease_expires_at) FROM deliveries e

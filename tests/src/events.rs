@@ -114,8 +114,16 @@ pub fn verified(secret: &str, headers: &HeaderMap, body: &[u8]) -> Option<(Strin
 /// Routes every event not yet routed (up to `limit`) to the sink `hooks`
 /// alone, through the store's own call; returns how many.
 pub async fn route_to_hooks(h: &Harness, limit: usize, now: i64) -> usize {
+    let routing = hooks_routing(h, limit, now).await;
+    h.store.deliveries_route(&routing).await.expect("routed");
+    routing.events.len()
+}
+
+/// The routing of the next page of events not yet routed (up to `limit`)
+/// to the sink `hooks` alone, as a relay with that sink makes it.
+pub async fn hooks_routing(h: &Harness, limit: usize, now: i64) -> Routing {
     let events = h.store.outbox_unrouted(limit).await.expect("events");
-    let routing = Routing {
+    Routing {
         events: events.iter().map(|e| e.id).collect(),
         deliveries: events
             .iter()
@@ -126,7 +134,5 @@ pub async fn route_to_hooks(h: &Harness, limit: usize, now: i64) -> usize {
             })
             .collect(),
         now,
-    };
-    h.store.deliveries_route(&routing).await.expect("routed");
-    events.len()
+    }
 }

@@ -11,7 +11,7 @@ use ratchet_runtime::relay::{Relay, RelayConfig, Sinks};
 use ratchet_runtime::store::{
     ClaimedDelivery, DeliveryClaim, DeliveryFinish, DeliveryResult, PostgresStore,
 };
-use ratchet_tests::events::{commit_chains, route_to_hooks};
+use ratchet_tests::events::{commit_chains, hooks_routing, route_to_hooks};
 use ratchet_tests::nats::jetstream;
 use ratchet_tests::{BOUND, Backend, Harness};
 use serde_json::Value;
@@ -135,6 +135,20 @@ async fn claimed_backlog(
     per_run: usize,
     now: i64,
 ) -> Vec<ClaimedDelivery> {
+    commit_backlog(h, runs, per_run).await;
+    assert_eq!(route_to_hooks(h, runs * per_run, now).await, runs * per_run);
+    let (_, claimed) = h
+        .store
+        .deliveries_finish_then_claim(&[], Some(&claim(now, runs, per_run)))
+        .await
+        .expect("claim all");
+    assert_eq!(claimed.len(), runs * per_run);
+    claimed
+}
+
+/// `runs` runs of `per_run` events each, committed round by round, none
+/// routed yet.
+async fn commit_backlog(h: &Harness, runs: usize, per_run: usize) {
     let mut rows = String::from("INSERT INTO runs (id, pipeline, state, created_at) VALUES ");
     let names: Vec<String> = (0..runs)
         .map(|r| format!("('run-{r}', 'p', 'running', 0)"))
@@ -147,14 +161,6 @@ async fn claimed_backlog(
         runs * per_run
     ));
     h.raw_sql(&rows).await;
-    assert_eq!(route_to_hooks(h, runs * per_run, now).await, runs * per_run);
-    let (_, claimed) = h
-        .store
-        .deliveries_finish_then_claim(&[], Some(&claim(now, runs, per_run)))
-        .await
-        .expect("claim all");
-    assert_eq!(claimed.len(), runs * per_run);
-    claimed
 }
 
 /// Recording results on PostgreSQL updates the deliveries in place (HOT
@@ -235,6 +241,48 @@ async fn recording_results_on_postgres_reads_the_deliveries_by_key() {
         plan[0]["Plan"]["Actual Rows"],
         batch.len(),
         "every result recorded:\n{plan:#}"
+    );
+}
+
+/// Routing a page on PostgreSQL takes its events out of the queue of
+/// unrouted ones by key, however long the queue: a relay's page of 2,048
+/// of 16,384 queued events, as when a relay starts on a backlog. The page
+/// is the queue's lowest ids, and the statement reads the queue within the
+/// page's span of its key and joins it to the page.
+///
+/// Seen failing with the page looked up by its list alone (`WHERE id =
+/// ANY($5)`, the statement before this one): estimated small while fresh,
+/// the queue was walked whole for each page (`Seq Scan` on
+/// `outbox_unrouted`), so that routing a backlog cost its square. Seen
+/// failing too with the span added to that list (`id BETWEEN $6 AND $7
+/// AND id = ANY($5)`): the planner costed the list as 2,048 lookups and
+/// still walked a queue of this length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_on_postgres_takes_its_page_from_the_queue_by_key() {
+    let _beside = ALONE.read().await;
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let Some(h) = Harness::on(Backend::Postgres, clock.clone()).await else {
+        return;
+    };
+    commit_backlog(&h, 128, 128).await;
+    let routing = hooks_routing(&h, 2048, clock.now_ms()).await;
+
+    let pg = PostgresStore::open(&h.url).await.expect("open");
+    let plan = pg.explain_routing(&routing).await.expect("explain");
+    let all = nodes(&plan[0]["Plan"]);
+    let walks = all
+        .iter()
+        .filter(|n| n["Node Type"] == "Seq Scan" && n["Relation Name"] == "outbox_unrouted")
+        .count();
+    assert_eq!(walks, 0, "routing walked the queue:\n{plan:#}");
+    let taken = all
+        .iter()
+        .find(|n| n["Operation"] == "Delete" && n["Relation Name"] == "outbox_unrouted")
+        .map(|n| n["Actual Rows"].clone());
+    assert_eq!(
+        taken,
+        Some(Value::from(2048)),
+        "the whole page taken:\n{plan:#}"
     );
 }
 

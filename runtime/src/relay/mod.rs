@@ -56,8 +56,9 @@ pub struct RelayConfig {
     pub claim_runs: usize,
     /// Deliveries of one run a claim takes, sent one after another.
     pub claim_per_run: usize,
-    /// Events routed per transaction.
-    pub route_page: usize,
+    /// Events routed per transaction; by default the store's
+    /// ([`Deliveries::route_page`]).
+    pub route_page: Option<usize>,
     /// How long a sink's loop with nothing due waits before it looks again
     /// (new events wake it sooner).
     pub poll: Duration,
@@ -72,7 +73,7 @@ impl RelayConfig {
             lease_ms: 60_000,
             claim_runs: 64,
             claim_per_run: 16,
-            route_page: 512,
+            route_page: None,
             poll: Duration::from_millis(200),
             route_poll: Duration::from_millis(50),
         }
@@ -236,9 +237,16 @@ impl Relay {
         self.stats.clone()
     }
 
+    /// Events routed per transaction.
+    fn page(&self) -> usize {
+        self.config
+            .route_page
+            .unwrap_or_else(|| self.store.route_page())
+    }
+
     /// Routes the next page of events not yet routed; returns how many.
     async fn route_page(&self) -> Result<usize, StoreError> {
-        let events = self.store.outbox_unrouted(self.config.route_page).await?;
+        let events = self.store.outbox_unrouted(self.page()).await?;
         if !events.is_empty() {
             self.store.deliveries_route(&self.routing(&events)).await?;
             self.stats
@@ -419,7 +427,7 @@ impl Relay {
                     if n > 0 {
                         router.new_events.notify_waiters();
                     }
-                    if n == self.config.route_page {
+                    if n == self.page() {
                         continue;
                     }
                     router.caught_up.store(true, Ordering::Release);

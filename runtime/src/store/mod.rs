@@ -276,6 +276,9 @@ macro_rules! impl_store {
             async fn deliveries_reconcile(&self) -> Result<u64> {
                 deliveries::reconcile(&self.pool).await
             }
+            fn route_page(&self) -> usize {
+                deliveries::ROUTE_PAGE
+            }
         }
 
         #[async_trait::async_trait]

@@ -264,6 +264,9 @@ pub trait Deliveries: Send + Sync {
     /// with pending deliveries and none due are made or woken (ADR 0038);
     /// returns how many. SQLite claims from the deliveries themselves.
     async fn deliveries_reconcile(&self) -> Result<u64>;
+    /// Events a relay routes per transaction here, unless its
+    /// configuration says otherwise.
+    fn route_page(&self) -> usize;
 }
 
 /// One transaction shaped like a completion (canonical artifact insert,

@@ -43,41 +43,63 @@ pub(super) async fn unrouted(pool: &PgPool, limit: usize) -> Result<Vec<Unrouted
     Ok(rows.into_iter().map(UnroutedEvent::from).collect())
 }
 
-/// Routes a page in one statement. It takes the events out of the queue
-/// of unrouted ones first (migration 0023), so the deliveries it inserts
-/// are of events this transaction took: a relay routing the same page
-/// waits for the commit and then finds them gone, and the deliveries need
-/// no check for a conflict (an `ON CONFLICT` insert writes each row twice
-/// to the log). Each run's lane for the sink is made, or woken if it had
-/// nothing pending, and locked until the commit (migration 0025).
+/// Events a relay routes per transaction: a page locks the lanes of its
+/// runs once whatever its size, and at 512 routing was what the relay
+/// waited on (ADR 0039).
+pub(super) const ROUTE_PAGE: usize = 2048;
+
+/// Routes a page in one statement ([`ROUTE`]) and commits it.
 pub(super) async fn route(store: &PostgresStore, r: &Routing) -> Result<()> {
-    let d = &r.deliveries;
     let mut tx = begin_bookkeeping(store).await?;
-    sqlx::query(concat!(
-        "WITH taken AS (DELETE FROM outbox_unrouted WHERE id = ANY($5) RETURNING id),
-         routed AS (
-             SELECT e, s, r FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[]) AS u (e, s, r)
-             WHERE e IN (SELECT id FROM taken)),
-         lanes AS (
-             INSERT INTO delivery_lanes (run_id, sink, due_at, first_pending)
-             SELECT r, s, $4::BIGINT, min(e) FROM routed
-             GROUP BY r, s
-             ORDER BY r, s ",
-        wake_lanes!(),
-        ")
-         INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
-                                 created_at)
-         SELECT e, s, r, 'pending', $4, $4, $4 FROM routed"
-    ))
-    .bind(column(d, |d| d.outbox_id))
-    .bind(column(d, |d| d.sink.as_str()))
-    .bind(column(d, |d| d.run_id.as_str()))
-    .bind(r.now)
-    .bind(&r.events)
-    .execute(&mut *tx)
-    .await?;
+    bind_route(sqlx::query(ROUTE), r).execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// Takes the page's events out of the queue of unrouted ones first
+/// (migration 0023), so the deliveries it inserts are of events this
+/// transaction took: a relay routing the same page waits for the commit
+/// and then finds them gone, and the deliveries need no check for a
+/// conflict (an `ON CONFLICT` insert writes each row twice to the log).
+/// Each run's lane for the sink is made, or woken if it had nothing
+/// pending, and locked until the commit (migration 0025).
+///
+/// A page is the queue's lowest ids, so the queue is read within the
+/// page's span of its key ($6 to $7) and joined to the page: looked up by
+/// the list alone (`id = ANY($5)`), with the queue's statistics stale (it
+/// fills and empties quickly), the planner walked the whole queue for each
+/// page, and with the span added, still did at a few pages' length.
+const ROUTE: &str = concat!(
+    "WITH taken AS (
+         DELETE FROM outbox_unrouted q USING UNNEST($5::BIGINT[]) AS p (id)
+         WHERE q.id = p.id AND q.id BETWEEN $6 AND $7
+         RETURNING q.id),
+     routed AS (
+         SELECT e, s, r FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[]) AS u (e, s, r)
+         WHERE e IN (SELECT id FROM taken)),
+     lanes AS (
+         INSERT INTO delivery_lanes (run_id, sink, due_at, first_pending)
+         SELECT r, s, $4::BIGINT, min(e) FROM routed
+         GROUP BY r, s
+         ORDER BY r, s ",
+    wake_lanes!(),
+    ")
+     INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
+                             created_at)
+     SELECT e, s, r, 'pending', $4, $4, $4 FROM routed"
+);
+
+fn bind_route<'q>(query: PgQuery<'q>, r: &'q Routing) -> PgQuery<'q> {
+    let d = &r.deliveries;
+    let span = |end: Option<&i64>| end.copied().unwrap_or(0);
+    query
+        .bind(column(d, |d| d.outbox_id))
+        .bind(column(d, |d| d.sink.as_str()))
+        .bind(column(d, |d| d.run_id.as_str()))
+        .bind(r.now)
+        .bind(&r.events)
+        .bind(span(r.events.iter().min()))
+        .bind(span(r.events.iter().max()))
 }
 
 /// A write transaction of the relay's bookkeeping, whose commit does not
@@ -195,6 +217,12 @@ impl PostgresStore {
     /// (`explained`): nothing is claimed.
     pub async fn explain_delivery_claim(&self, c: &DeliveryClaim) -> Result<serde_json::Value> {
         explained(self, CLAIM, |q| bind_claim(q, c)).await
+    }
+
+    /// What routing `r` does on the data there is now (`explained`):
+    /// nothing is routed.
+    pub async fn explain_routing(&self, r: &Routing) -> Result<serde_json::Value> {
+        explained(self, ROUTE, |q| bind_route(q, r)).await
     }
 
     /// What recording `finished` (results sent under the leases of their

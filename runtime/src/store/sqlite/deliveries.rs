@@ -29,6 +29,10 @@ fn from_json<T: DeserializeOwned>(table: &'static str, text: &str) -> Result<T> 
     serde_json::from_str(text).map_err(|e| rows::corrupt(table, e))
 }
 
+/// Events a relay routes per transaction: routing holds the one writer for
+/// the whole page, and the books wait for it.
+pub(super) const ROUTE_PAGE: usize = 512;
+
 /// Routes a page: the deliveries, skipping any `(event, sink)` already
 /// there (another relay routed the same page), then the events' mark, in
 /// one transaction.

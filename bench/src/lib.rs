@@ -276,9 +276,11 @@ pub async fn run_backend(
         Some(nats) => {
             let point = relay::relay(scratch, config, nats).await?;
             progress(&format!(
-                "relay to JetStream: {:.0} events/s against {:.0} raw publishes/s ({} in flight), ratio {:.2}; commit to acknowledgement p50 {:.1} ms, p99 {:.1} ms",
+                "relay to JetStream: {:.0} events/s against {:.0} raw publishes/s ({:.0} before, {:.0} after; {} in flight), ratio {:.2}; commit to acknowledgement p50 {:.1} ms, p99 {:.1} ms",
                 point.relay_events_per_s,
                 point.raw_publishes_per_s,
+                point.raw_before_per_s,
+                point.raw_after_per_s,
                 point.in_flight,
                 point.ratio,
                 point.commit_to_ack_p50_ms,

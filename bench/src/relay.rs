@@ -54,6 +54,15 @@ pub struct RelayPoint {
     /// from run to run than events per second on a machine the NATS server
     /// shares.
     pub relay_cpu_us_per_event: Option<f64>,
+    /// CPU time of the whole machine per raw publish, in µs, over both
+    /// measurements: the publishers, the NATS client and the NATS server
+    /// (`None` off Linux).
+    pub raw_machine_cpu_us_per_publish: Option<f64>,
+    /// CPU time of the whole machine per event the relay delivered, in µs:
+    /// the relay, the NATS server and the database server too. Where the
+    /// relay and the raw limit are both bound by the machine's CPUs, the
+    /// ratio follows the two machine figures' ratio.
+    pub relay_machine_cpu_us_per_event: Option<f64>,
 }
 
 pub(crate) async fn relay(
@@ -137,15 +146,15 @@ async fn measure(
         .map(Arc::new)
     };
     let (stop, stopped) = watch::channel(false);
-    let (start, cpu) = (Instant::now(), process_cpu());
+    let (start, cpu) = (Instant::now(), Cpu::now());
     new_relay(relay_config.clone())?
         .run(true, stopped.clone())
         .await?;
     let relayed = per_s(events, start.elapsed());
-    let relay_cpu = cpu_us_per(cpu, events);
+    let relay_cpu = cpu.per(events);
     let after = raw_limit(js, &messages, in_flight, "raw-after").await?;
     let raw = (before.per_s + after.per_s) / 2.0;
-    let raw_cpu = before.cpu_us.zip(after.cpu_us).map(|(b, a)| (b + a) / 2.0);
+    let mean = |b: Option<f64>, a: Option<f64>| b.zip(a).map(|(b, a)| (b + a) / 2.0);
 
     // Latency: the relay runs as it does beside a worker, and events are
     // committed one at a time.
@@ -185,16 +194,18 @@ async fn measure(
         ratio: relayed / raw.max(1e-9),
         commit_to_ack_p50_ms: ms(percentile(&latencies, 0.5)),
         commit_to_ack_p99_ms: ms(percentile(&latencies, 0.99)),
-        raw_cpu_us_per_publish: raw_cpu,
-        relay_cpu_us_per_event: relay_cpu,
+        raw_cpu_us_per_publish: mean(before.cpu.process, after.cpu.process),
+        relay_cpu_us_per_event: relay_cpu.process,
+        raw_machine_cpu_us_per_publish: mean(before.cpu.machine, after.cpu.machine),
+        relay_machine_cpu_us_per_event: relay_cpu.machine,
     })
 }
 
-/// One measurement of the raw limit: publishes per second, and this
-/// process's CPU time per publish in µs.
+/// One measurement of the raw limit: publishes per second, and CPU time
+/// per publish.
 struct Raw {
     per_s: f64,
-    cpu_us: Option<f64>,
+    cpu: CpuPer,
 }
 
 /// Publishes `messages` from `in_flight` publishers side by side, each
@@ -212,7 +223,7 @@ async fn raw_limit(
             .map(|(_, key, _)| format!("{prefix}-{key}"))
             .collect(),
     );
-    let (start, cpu) = (Instant::now(), process_cpu());
+    let (start, cpu) = (Instant::now(), Cpu::now());
     let mut publishers = tokio::task::JoinSet::new();
     for lane in 0..in_flight {
         let (js, messages, ids) = (js.clone(), messages.clone(), ids.clone());
@@ -232,13 +243,45 @@ async fn raw_limit(
     }
     Ok(Raw {
         per_s: per_s(messages.len(), start.elapsed()),
-        cpu_us: cpu_us_per(cpu, messages.len()),
+        cpu: cpu.per(messages.len()),
     })
+}
+
+/// CPU time used so far, where Linux says (`None` elsewhere).
+struct Cpu {
+    process: Option<Duration>,
+    machine: Option<Duration>,
+}
+
+/// CPU time per item since a [`Cpu`], in µs.
+struct CpuPer {
+    process: Option<f64>,
+    machine: Option<f64>,
+}
+
+impl Cpu {
+    fn now() -> Self {
+        Self {
+            process: process_cpu(),
+            machine: machine_cpu(),
+        }
+    }
+
+    fn per(&self, items: usize) -> CpuPer {
+        let per = |before: Option<Duration>, now: Option<Duration>| {
+            let used = now?.saturating_sub(before?);
+            Some(used.as_secs_f64() * 1e6 / items.max(1) as f64)
+        };
+        CpuPer {
+            process: per(self.process, process_cpu()),
+            machine: per(self.machine, machine_cpu()),
+        }
+    }
 }
 
 /// CPU time this process's threads have run so far, summed from each one's
 /// `/proc/self/task/TID/schedstat` (nanoseconds on a CPU; a thread that
-/// ended is not in it). `None` where there is no such file (off Linux).
+/// ended is not in it).
 fn process_cpu() -> Option<Duration> {
     let mut ns = 0;
     for task in std::fs::read_dir("/proc/self/task").ok()? {
@@ -250,10 +293,25 @@ fn process_cpu() -> Option<Duration> {
     Some(Duration::from_nanos(ns))
 }
 
-/// CPU time per item, in µs, since `before`.
-fn cpu_us_per(before: Option<Duration>, items: usize) -> Option<f64> {
-    let used = process_cpu()?.saturating_sub(before?);
-    Some(used.as_secs_f64() * 1e6 / items.max(1) as f64)
+/// CPU time every core of the machine has spent busy so far, from the
+/// first line of `/proc/stat`: user, nice, system, irq and softirq time,
+/// in its clock ticks of 10 ms (`USER_HZ` is 100 on every Linux this
+/// builds for).
+fn machine_cpu() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = text
+        .lines()
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .map(|n| n.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq …
+    let busy = [0, 1, 2, 5, 6]
+        .iter()
+        .map(|&i| ticks.get(i))
+        .sum::<Option<u64>>()?;
+    Some(Duration::from_millis(busy * 10))
 }
 
 /// Commits one event with the statement shape of a completion (the raw

@@ -104,12 +104,16 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
     ));
     rows.push((
         "    CPU of this process per event, µs: relay; raw".into(),
-        relay(
-            |p| match (p.relay_cpu_us_per_event, p.raw_cpu_us_per_publish) {
-                (Some(relay), Some(raw)) => format!("{relay:.1}; {raw:.1}"),
-                _ => "-".into(),
-            },
-        ),
+        relay(|p| cpu_pair(p.relay_cpu_us_per_event, p.raw_cpu_us_per_publish)),
+    ));
+    rows.push((
+        "    CPU of the machine per event, µs: relay; raw".into(),
+        relay(|p| {
+            cpu_pair(
+                p.relay_machine_cpu_us_per_event,
+                p.raw_machine_cpu_us_per_publish,
+            )
+        }),
     ));
     rows.push((
         "    commit to ack p50 / p99, ms".into(),
@@ -121,6 +125,14 @@ pub fn table(reports: &[(&str, &BackendReport)]) -> String {
         }),
     ));
     render(reports.iter().map(|(name, _)| *name), &rows)
+}
+
+/// The relay's and the raw limit's CPU figures, or `-` where there are none.
+fn cpu_pair(relay: Option<f64>, raw: Option<f64>) -> String {
+    match relay.zip(raw) {
+        Some((relay, raw)) => format!("{relay:.1}; {raw:.1}"),
+        None => "-".into(),
+    }
 }
 
 /// Scenario 6 alone, one column per backend.

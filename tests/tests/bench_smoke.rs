@@ -69,6 +69,17 @@ async fn the_smoke_bench_reports_every_backend() {
             let (before, after) = (figure("raw_before_per_s"), figure("raw_after_per_s"));
             let mean = before.zip(after).map(|(b, a)| (b + a) / 2.0);
             assert_eq!(mean, figure("raw_publishes_per_s"), "{backend}: {relay}");
+            // The whole machine's CPU beside the process's, where Linux
+            // says it (seen failing with `/proc/stat`'s line read without
+            // its `cpu ` prefix stripped).
+            if cfg!(target_os = "linux") {
+                for key in [
+                    "relay_machine_cpu_us_per_event",
+                    "raw_machine_cpu_us_per_publish",
+                ] {
+                    assert!(figure(key).is_some(), "{backend}: {key} in {relay}");
+                }
+            }
         }
     }
 }

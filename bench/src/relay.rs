@@ -153,8 +153,8 @@ async fn measure(
     let relayed = per_s(events, start.elapsed());
     let relay_cpu = cpu.per(events);
     let after = raw_limit(js, &messages, in_flight, "raw-after").await?;
-    let raw = (before.per_s + after.per_s) / 2.0;
-    let mean = |b: Option<f64>, a: Option<f64>| b.zip(a).map(|(b, a)| (b + a) / 2.0);
+    let raw = mean(before.per_s, after.per_s);
+    let raw_cpu = before.cpu.mean(&after.cpu);
 
     // Latency: the relay runs as it does beside a worker, and events are
     // committed one at a time.
@@ -194,9 +194,9 @@ async fn measure(
         ratio: relayed / raw.max(1e-9),
         commit_to_ack_p50_ms: ms(percentile(&latencies, 0.5)),
         commit_to_ack_p99_ms: ms(percentile(&latencies, 0.99)),
-        raw_cpu_us_per_publish: mean(before.cpu.process, after.cpu.process),
+        raw_cpu_us_per_publish: raw_cpu.process,
         relay_cpu_us_per_event: relay_cpu.process,
-        raw_machine_cpu_us_per_publish: mean(before.cpu.machine, after.cpu.machine),
+        raw_machine_cpu_us_per_publish: raw_cpu.machine,
         relay_machine_cpu_us_per_event: relay_cpu.machine,
     })
 }
@@ -277,6 +277,21 @@ impl Cpu {
             machine: per(self.machine, machine_cpu()),
         }
     }
+}
+
+impl CpuPer {
+    /// The mean of two measurements, where both have a figure.
+    fn mean(&self, other: &Self) -> Self {
+        let both = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| mean(a, b));
+        Self {
+            process: both(self.process, other.process),
+            machine: both(self.machine, other.machine),
+        }
+    }
+}
+
+fn mean(a: f64, b: f64) -> f64 {
+    (a + b) / 2.0
 }
 
 /// CPU time this process's threads have run so far, summed from each one's

@@ -11,7 +11,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use ratchet_runtime::store::{
-    EdgeKind, JobBatch, NewDelivery, NewEdge, NewJob, Routing, RunSubmit, StageWork,
+    EdgeKind, EventPattern, JobBatch, NewEdge, NewJob, Routing, RunSubmit, SinkRoute, StageWork,
 };
 
 use crate::{Harness, claim, completion, put_stand_in_plugin};
@@ -114,25 +114,20 @@ pub fn verified(secret: &str, headers: &HeaderMap, body: &[u8]) -> Option<(Strin
 /// Routes every event not yet routed (up to `limit`) to the sink `hooks`
 /// alone, through the store's own call; returns how many.
 pub async fn route_to_hooks(h: &Harness, limit: usize, now: i64) -> usize {
-    let routing = hooks_routing(h, limit, now).await;
-    h.store.deliveries_route(&routing).await.expect("routed");
-    routing.events.len()
+    let routing = hooks_routing(limit, now);
+    h.store.deliveries_route(&routing).await.expect("routed")
 }
 
 /// The routing of the next page of events not yet routed (up to `limit`)
-/// to the sink `hooks` alone, as a relay with that sink makes it.
-pub async fn hooks_routing(h: &Harness, limit: usize, now: i64) -> Routing {
-    let events = h.store.outbox_unrouted(limit).await.expect("events");
+/// to the sink `hooks`, which takes every event, alone, as a relay with
+/// that sink makes it.
+pub fn hooks_routing(limit: usize, now: i64) -> Routing {
     Routing {
-        events: events.iter().map(|e| e.id).collect(),
-        deliveries: events
-            .iter()
-            .map(|e| NewDelivery {
-                outbox_id: e.id,
-                sink: "hooks".into(),
-                run_id: e.run_id.clone(),
-            })
-            .collect(),
+        page: limit,
+        sinks: vec![SinkRoute {
+            sink: "hooks".into(),
+            events: vec![EventPattern::parse("*").expect("a pattern")],
+        }],
         now,
     }
 }

@@ -247,8 +247,8 @@ async fn recording_results_on_postgres_reads_the_deliveries_by_key() {
 /// Routing a page on PostgreSQL takes its events out of the queue of
 /// unrouted ones by key, however long the queue: a relay's page of 2,048
 /// of 16,384 queued events, as when a relay starts on a backlog. The page
-/// is the queue's lowest ids, and the statement reads the queue within the
-/// page's span of its key and joins it to the page.
+/// is the queue's lowest ids, and the statement takes every row the queue
+/// shows within the page's span of its key, read by key.
 ///
 /// Seen failing with the page looked up by its list alone (`WHERE id =
 /// ANY($5)`, the statement before this one): estimated small while fresh,
@@ -265,7 +265,7 @@ async fn routing_on_postgres_takes_its_page_from_the_queue_by_key() {
         return;
     };
     commit_backlog(&h, 128, 128).await;
-    let routing = hooks_routing(&h, 2048, clock.now_ms()).await;
+    let routing = hooks_routing(2048, clock.now_ms());
 
     let pg = PostgresStore::open(&h.url).await.expect("open");
     let plan = pg.explain_routing(&routing).await.expect("explain");

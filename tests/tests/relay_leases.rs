@@ -17,7 +17,7 @@ use std::sync::Arc;
 use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::store::{
     ClaimedDelivery, DeliveryClaim, DeliveryFilter, DeliveryFinish, DeliveryResult, DeliveryRow,
-    DeliveryState, OutboxRow, Routing,
+    DeliveryState, EventPattern, OutboxRow, Routing, SinkRoute,
 };
 use ratchet_tests::events::{commit_chains, route_to_hooks};
 use ratchet_tests::{Backend, Harness};
@@ -26,6 +26,7 @@ ratchet_tests::backend_tests! {
     a_lapsed_lease_records_none_of_its_runs_results => lapsed_lease;
     events_unrouted_before_an_upgrade_are_routed_after_it => unrouted_across_upgrade;
     a_claim_hands_each_event_over_as_it_is_stored => claimed_as_stored;
+    routing_gives_each_sink_the_events_its_patterns_match => routed_by_pattern;
 }
 
 const LEASE_MS: i64 = 60_000;
@@ -158,13 +159,15 @@ async fn lapsed_lease(backend: Backend) {
 /// not, and an event inserted afterwards by any statement joins the queue.
 /// Seen failing on PostgreSQL with the migration's copy of the unrouted ids
 /// left out (nothing was to be routed), and with its trigger left out (the
-/// new event was never routed).
+/// new event was never routed); and with migration 0027's copy of each
+/// queued event's run and name left out (the queue's event was gone from
+/// it, and was never routed).
 async fn unrouted_across_upgrade(backend: Backend) {
-    let rows =
+    let old_rows =
         "INSERT INTO runs (id, pipeline, state, created_at) VALUES ('r', 'one', 'running', 0);
          INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at, routed_at)
              VALUES ('r/a/x', 'r', 'a', 'x', '{}', 0, NULL), ('r/b/y', 'r', 'b', 'y', '{}', 0, 5);";
-    let Some((_dir, url)) = ratchet_tests::database_at_version(backend, 22, rows).await else {
+    let Some((_dir, url)) = ratchet_tests::database_at_version(backend, 22, old_rows).await else {
         return;
     };
     let clock = Arc::new(ManualClock::new(1_000_000));
@@ -180,13 +183,13 @@ async fn unrouted_across_upgrade(backend: Backend) {
     )
     .await;
     assert_eq!(unrouted().await, ["x", "z"]);
-    let events = h.store.outbox_unrouted(10).await.expect("unrouted");
-    let routing = Routing {
-        events: events.iter().map(|e| e.id).collect(),
-        deliveries: Vec::new(),
-        now: clock.now_ms(),
-    };
-    h.store.deliveries_route(&routing).await.expect("routed");
+    assert_eq!(route_to_hooks(&h, 10, clock.now_ms()).await, 2);
+    let routed: Vec<(String, String)> = rows(&h)
+        .await
+        .into_iter()
+        .map(|d| (d.event, d.run_id))
+        .collect();
+    assert_eq!(routed, [("x".into(), "r".into()), ("z".into(), "r".into())]);
     assert!(
         unrouted().await.is_empty(),
         "routed: {:?}",
@@ -248,4 +251,70 @@ async fn claimed_as_stored(backend: Backend) {
         payloads.contains(&json) && payloads.contains(&text),
         "{payloads:?}"
     );
+}
+
+/// Routing gives each sink the events its patterns match, as the sinks
+/// file says they match (`*` any run of characters, every other character
+/// itself), once however many of its patterns match. PostgreSQL matches
+/// with `LIKE`, where `_` is any one character. Seen failing on PostgreSQL
+/// with the patterns passed to `LIKE` unescaped (`draftXv1.done` was
+/// routed to `drafts`), and with a sink's matches of one name not made
+/// distinct (`run.failed`, which both of `runs`' patterns match, was routed
+/// to it twice and the insert broke the deliveries' key).
+async fn routed_by_pattern(backend: Backend) {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let Some(h) = Harness::on(backend, clock.clone()).await else {
+        return;
+    };
+    let names = ["draft_v1.done", "draftXv1.done", "run.failed", "a%b\\c"];
+    let mut rows_sql =
+        "INSERT INTO runs (id, pipeline, state, created_at) VALUES ('r', 'one', 'running', 0);"
+            .to_string();
+    for (i, name) in names.iter().enumerate() {
+        rows_sql += &format!(
+            "INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
+             VALUES ('r/{i}', 'r', 's{i}', '{name}', '{{}}', 0);"
+        );
+    }
+    h.raw_sql(&rows_sql).await;
+    let sink = |name: &str, patterns: &[&str]| SinkRoute {
+        sink: name.into(),
+        events: patterns
+            .iter()
+            .map(|p| EventPattern::parse(p).expect("a pattern"))
+            .collect(),
+    };
+    let sinks = vec![
+        sink("all", &["*"]),
+        sink("drafts", &["draft_v1.*"]),
+        sink("runs", &["run.*", "*.failed"]),
+    ];
+    let routing = Routing {
+        page: 10,
+        sinks: sinks.clone(),
+        now: clock.now_ms(),
+    };
+    assert_eq!(h.store.deliveries_route(&routing).await.expect("routed"), 4);
+
+    let mut routed: Vec<(String, String)> = rows(&h)
+        .await
+        .into_iter()
+        .map(|d| (d.event, d.sink))
+        .collect();
+    routed.sort();
+    let mut expected: Vec<(String, String)> = names
+        .iter()
+        .flat_map(|name| {
+            let takers = sinks.iter().filter(|s| s.takes(name));
+            takers.map(|s| (name.to_string(), s.sink.clone()))
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(routed, expected);
+    let drafts: Vec<&str> = expected
+        .iter()
+        .filter(|(_, sink)| sink == "drafts")
+        .map(|(event, _)| event.as_str())
+        .collect();
+    assert_eq!(drafts, ["draft_v1.done"], "as the sinks file says");
 }

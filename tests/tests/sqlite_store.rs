@@ -275,9 +275,24 @@ async fn a_write_after_the_relays_bookkeeping_waits_for_the_disk() {
     };
     assert_eq!(synchronous().await, 2, "FULL before the relay wrote");
     store
-        .deliveries_route(&Routing::default())
+        .write(async |conn| {
+            sqlx::raw_sql(
+                "INSERT INTO runs (id, pipeline, state, created_at) VALUES ('r', 'one', 'running', 0);
+                 INSERT INTO outbox (dedup_key, run_id, stage, event, payload, created_at)
+                 VALUES ('r/a/x', 'r', 'a', 'x', '{}', 0)",
+            )
+            .execute(&mut *conn)
+            .await
+            .map_err(StoreError::from)
+        })
         .await
-        .expect("the relay's routing");
+        .expect("an event to route");
+    let routing = Routing {
+        page: 10,
+        ..Routing::default()
+    };
+    let routed = store.deliveries_route(&routing).await;
+    assert_eq!(routed.expect("the relay's routing"), 1);
     store
         .deliveries_finish_then_claim(&[], None)
         .await

@@ -27,8 +27,8 @@ use tokio::sync::{Notify, watch};
 
 use crate::clock::Clock;
 use crate::store::{
-    ClaimedDelivery, Deliveries, DeliveryClaim, DeliveryFinish, DeliveryResult, NewDelivery,
-    Routing, StoreError, UnroutedEvent,
+    ClaimedDelivery, Deliveries, DeliveryClaim, DeliveryFinish, DeliveryResult, Routing, SinkRoute,
+    StoreError,
 };
 pub use envelope::envelope;
 pub use nats::SubjectTemplate;
@@ -164,6 +164,8 @@ struct Sink {
 pub struct Relay {
     store: Arc<dyn Deliveries>,
     sinks: Vec<Arc<Sink>>,
+    /// What routing gives each sink.
+    routes: Vec<SinkRoute>,
     clock: Arc<dyn Clock>,
     config: RelayConfig,
     stats: Arc<RelayStats>,
@@ -224,9 +226,18 @@ impl Relay {
                 transport,
             }));
         }
+        let routes = sinks
+            .sinks
+            .iter()
+            .map(|s| SinkRoute {
+                sink: s.name.clone(),
+                events: s.events.clone(),
+            })
+            .collect();
         Ok(Self {
             store,
             sinks: built,
+            routes,
             clock,
             config,
             stats: Arc::default(),
@@ -246,35 +257,16 @@ impl Relay {
 
     /// Routes the next page of events not yet routed; returns how many.
     async fn route_page(&self) -> Result<usize, StoreError> {
-        let events = self.store.outbox_unrouted(self.page()).await?;
-        if !events.is_empty() {
-            self.store.deliveries_route(&self.routing(&events)).await?;
-            self.stats
-                .routed
-                .fetch_add(events.len() as u64, Ordering::Relaxed);
-        }
-        Ok(events.len())
-    }
-
-    fn routing(&self, events: &[UnroutedEvent]) -> Routing {
-        let deliveries = events
-            .iter()
-            .flat_map(|e| {
-                self.sinks
-                    .iter()
-                    .filter(|s| s.config.takes(&e.event))
-                    .map(|s| NewDelivery {
-                        outbox_id: e.id,
-                        sink: s.config.name.clone(),
-                        run_id: e.run_id.clone(),
-                    })
-            })
-            .collect();
-        Routing {
-            events: events.iter().map(|e| e.id).collect(),
-            deliveries,
+        let routing = Routing {
+            page: self.page(),
+            sinks: self.routes.clone(),
             now: self.clock.now_ms(),
-        }
+        };
+        let routed = self.store.deliveries_route(&routing).await?;
+        self.stats
+            .routed
+            .fetch_add(routed as u64, Ordering::Relaxed);
+        Ok(routed)
     }
 
     /// Records `batch` and claims up to `runs` runs' due deliveries for sink

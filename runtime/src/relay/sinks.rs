@@ -11,6 +11,7 @@ use toml::Spanned;
 use super::nats::SubjectTemplate;
 use crate::manifest::{ManifestError, Source};
 use crate::scheduler::Backoff;
+pub use crate::store::EventPattern;
 
 /// Attempts a delivery gets before it is a dead letter, unless the file says.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 12;
@@ -102,36 +103,6 @@ impl SinkKind {
     }
 }
 
-/// An event name pattern: `*` matches any run of characters, dots
-/// included (`draft.*`, `run.*`, `*`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EventPattern(String);
-
-impl EventPattern {
-    pub fn matches(&self, event: &str) -> bool {
-        let mut parts = self.0.split('*');
-        let first = parts.next().unwrap_or_default();
-        let Some(mut rest) = event.strip_prefix(first) else {
-            return false;
-        };
-        let tail: Vec<&str> = parts.collect();
-        let Some((last, middle)) = tail.split_last() else {
-            return rest.is_empty();
-        };
-        for part in middle {
-            match rest.find(part) {
-                Some(at) => rest = &rest[at + part.len()..],
-                None => return false,
-            }
-        }
-        rest.ends_with(last)
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
 impl SinkConfig {
     /// Whether this sink takes `event`.
     pub fn takes(&self, event: &str) -> bool {
@@ -197,19 +168,15 @@ fn sink_config(src: &Source<'_>, raw: &RawSink) -> Result<SinkConfig, ManifestEr
     let mut patterns = Vec::with_capacity(events.len());
     for pattern in events {
         let text = pattern.get_ref();
-        let ok = !text.is_empty()
-            && text
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '*'));
-        if !ok {
+        let Some(parsed) = EventPattern::parse(text) else {
             return Err(src.at(
                 pattern,
                 format!(
                     "event pattern `{text}` is not valid (event names with `*` for any run of characters, e.g. \"draft.*\")"
                 ),
             ));
-        }
-        patterns.push(EventPattern(text.clone()));
+        };
+        patterns.push(parsed);
     }
     let kind = match raw.kind.get_ref().as_str() {
         "webhook" => webhook(src, raw)?,
@@ -462,7 +429,7 @@ mod tests {
 
     #[test]
     fn a_pattern_matches_any_run_of_characters_at_its_stars() {
-        let p = |s: &str| EventPattern(s.to_string());
+        let p = |s: &str| EventPattern::parse(s).expect("a pattern");
         assert!(p("*").matches("draft.published"));
         assert!(p("draft.*").matches("draft.published"));
         assert!(!p("draft.*").matches("drafts.published"));

@@ -251,7 +251,7 @@ macro_rules! impl_store {
             async fn outbox_unrouted(&self, limit: usize) -> Result<Vec<UnroutedEvent>> {
                 deliveries::unrouted(&self.pool, limit).await
             }
-            async fn deliveries_route(&self, r: &Routing) -> Result<()> {
+            async fn deliveries_route(&self, r: &Routing) -> Result<usize> {
                 deliveries::route(self, r).await
             }
             async fn deliveries_finish_then_claim(

@@ -234,9 +234,10 @@ pub trait Deliveries: Send + Sync {
     /// Up to `limit` committed events no relay has routed yet, oldest
     /// first.
     async fn outbox_unrouted(&self, limit: usize) -> Result<Vec<UnroutedEvent>>;
-    /// Creates the deliveries (those not there yet) and marks the events
-    /// routed, in one transaction.
-    async fn deliveries_route(&self, r: &Routing) -> Result<()>;
+    /// Routes the next page of events not yet routed ([`Routing`]): their
+    /// deliveries (those not there yet) created and the events marked
+    /// routed, in one transaction; returns how many events it routed.
+    async fn deliveries_route(&self, r: &Routing) -> Result<usize>;
     /// In one transaction: records attempts' results (each `true` if it
     /// was recorded, `false` if its lease was taken over and nothing of it
     /// changed), then leases up to `c.limit` due deliveries to `c.relay`,

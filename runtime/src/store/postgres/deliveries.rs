@@ -28,18 +28,14 @@ macro_rules! wake_lanes {
     };
 }
 
+/// The queue carries each event's run and name (migration 0027): the
+/// outbox is not read.
 pub(super) async fn unrouted(pool: &PgPool, limit: usize) -> Result<Vec<UnroutedEvent>> {
-    // The queue's ids first, then their events by key: a join lets the
-    // planner, with the queue's statistics stale (it fills and empties
-    // quickly), merge it with a walk over the whole outbox.
-    let rows: Vec<(i64, String, String)> = sqlx::query_as(
-        "SELECT id, run_id, event FROM outbox
-         WHERE id = ANY(ARRAY(SELECT id FROM outbox_unrouted ORDER BY id LIMIT $1))
-         ORDER BY id",
-    )
-    .bind(limit as i64)
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<(i64, String, String)> =
+        sqlx::query_as("SELECT id, run_id, event FROM outbox_unrouted ORDER BY id LIMIT $1")
+            .bind(limit as i64)
+            .fetch_all(pool)
+            .await?;
     Ok(rows.into_iter().map(UnroutedEvent::from).collect())
 }
 
@@ -48,58 +44,72 @@ pub(super) async fn unrouted(pool: &PgPool, limit: usize) -> Result<Vec<Unrouted
 /// waited on (ADR 0039).
 pub(super) const ROUTE_PAGE: usize = 2048;
 
-/// Routes a page in one statement ([`ROUTE`]) and commits it.
-pub(super) async fn route(store: &PostgresStore, r: &Routing) -> Result<()> {
+/// Routes the next page in one statement ([`ROUTE`]) and commits it;
+/// returns how many events it took.
+pub(super) async fn route(store: &PostgresStore, r: &Routing) -> Result<usize> {
     let mut tx = begin_bookkeeping(store).await?;
-    bind_route(sqlx::query(ROUTE), r).execute(&mut *tx).await?;
+    let row = bind_route(sqlx::query(ROUTE), r)
+        .fetch_one(&mut *tx)
+        .await?;
+    let taken: i64 = sqlx::Row::try_get(&row, 0)?;
     tx.commit().await?;
-    Ok(())
+    Ok(taken as usize)
 }
 
-/// Takes the page's events out of the queue of unrouted ones first
-/// (migration 0023), so the deliveries it inserts are of events this
-/// transaction took: a relay routing the same page waits for the commit
-/// and then finds them gone, and the deliveries need no check for a
-/// conflict (an `ON CONFLICT` insert writes each row twice to the log).
-/// Each run's lane for the sink is made, or woken if it had nothing
-/// pending, and locked until the commit (migration 0025).
+/// Takes the page, the queue's lowest ids, out of the queue of unrouted
+/// events (migration 0023) with each event's run and name (migration
+/// 0027), so the deliveries it inserts are of events this transaction
+/// took: a relay routing the same page waits for the commit and then finds
+/// them gone, and the deliveries need no check for a conflict (an `ON
+/// CONFLICT` insert writes each row twice to the log). Which sinks take an
+/// event is asked once per name in the page, of the sinks' patterns as
+/// `LIKE` patterns ($2, $3: a sink and one of its patterns a row). Each
+/// run's lane for the sink is made, or woken if it had nothing pending,
+/// and locked until the commit (migration 0025).
 ///
-/// A page is the queue's lowest ids, so the queue is read within the
-/// page's span of its key ($6 to $7) and joined to the page: looked up by
-/// the list alone (`id = ANY($5)`), with the queue's statistics stale (it
-/// fills and empties quickly), the planner walked the whole queue for each
-/// page, and with the span added, still did at a few pages' length.
+/// The page is every row the queue shows between its lowest id and its
+/// `$1`-th, read by key: with the queue's statistics stale (it fills and
+/// empties quickly), a page looked up by its list of ids was planned as a
+/// walk over the whole queue.
 const ROUTE: &str = concat!(
-    "WITH taken AS (
-         DELETE FROM outbox_unrouted q USING UNNEST($5::BIGINT[]) AS p (id)
-         WHERE q.id = p.id AND q.id BETWEEN $6 AND $7
-         RETURNING q.id),
+    "WITH page AS (SELECT id FROM outbox_unrouted ORDER BY id LIMIT $1),
+     taken AS (
+         DELETE FROM outbox_unrouted
+         WHERE id BETWEEN (SELECT min(id) FROM page) AND (SELECT max(id) FROM page)
+         RETURNING id, run_id, event),
+     takes AS (
+         SELECT DISTINCT n.event, p.sink
+         FROM (SELECT DISTINCT event FROM taken) n
+              JOIN UNNEST($2::TEXT[], $3::TEXT[]) AS p (sink, pattern)
+              ON n.event LIKE p.pattern),
      routed AS (
-         SELECT e, s, r FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[]) AS u (e, s, r)
-         WHERE e IN (SELECT id FROM taken)),
+         SELECT t.id AS e, k.sink AS s, t.run_id AS r
+         FROM taken t JOIN takes k ON k.event = t.event),
      lanes AS (
          INSERT INTO delivery_lanes (run_id, sink, due_at, first_pending)
          SELECT r, s, $4::BIGINT, min(e) FROM routed
          GROUP BY r, s
          ORDER BY r, s ",
     wake_lanes!(),
-    ")
-     INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
-                             created_at)
-     SELECT e, s, r, 'pending', $4, $4, $4 FROM routed"
+    "),
+     delivered AS (
+         INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
+                                 created_at)
+         SELECT e, s, r, 'pending', $4, $4, $4 FROM routed)
+     SELECT count(*) FROM taken"
 );
 
 fn bind_route<'q>(query: PgQuery<'q>, r: &'q Routing) -> PgQuery<'q> {
-    let d = &r.deliveries;
-    let span = |end: Option<&i64>| end.copied().unwrap_or(0);
+    let (sinks, patterns): (Vec<&str>, Vec<String>) = r
+        .sinks
+        .iter()
+        .flat_map(|s| s.events.iter().map(|p| (s.sink.as_str(), p.to_like())))
+        .unzip();
     query
-        .bind(column(d, |d| d.outbox_id))
-        .bind(column(d, |d| d.sink.as_str()))
-        .bind(column(d, |d| d.run_id.as_str()))
+        .bind(r.page as i64)
+        .bind(sinks)
+        .bind(patterns)
         .bind(r.now)
-        .bind(&r.events)
-        .bind(span(r.events.iter().min()))
-        .bind(span(r.events.iter().max()))
 }
 
 /// A write transaction of the relay's bookkeeping, whose commit does not

@@ -33,13 +33,19 @@ fn from_json<T: DeserializeOwned>(table: &'static str, text: &str) -> Result<T> 
 /// the whole page, and the books wait for it.
 pub(super) const ROUTE_PAGE: usize = 512;
 
-/// Routes a page: the deliveries, skipping any `(event, sink)` already
-/// there (another relay routed the same page), then the events' mark, in
-/// one transaction.
-pub(super) async fn route(store: &SqliteStore, r: &Routing) -> Result<()> {
+/// Routes the next page: its events read, the deliveries, skipping any
+/// `(event, sink)` already there (another relay routed the same page),
+/// then the events' mark, in one transaction; returns how many events it
+/// read. With none to route it takes no writer.
+pub(super) async fn route(store: &SqliteStore, r: &Routing) -> Result<usize> {
+    let events = unrouted(&store.pool, r.page).await?;
+    if events.is_empty() {
+        return Ok(0);
+    }
+    let deliveries = r.deliveries_of(&events);
     let mut writer = store.writer.lock().await;
     let mut tx = begin(&mut writer, Durability::Lazy).await?;
-    if !r.deliveries.is_empty() {
+    if !deliveries.is_empty() {
         sqlx::query(
             "INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
                                      created_at)
@@ -49,22 +55,22 @@ pub(super) async fn route(store: &SqliteStore, r: &Routing) -> Result<()> {
              WHERE true -- an upsert's SELECT needs a WHERE, or ON parses as a join's
              ON CONFLICT (outbox_id, sink) DO NOTHING",
         )
-        .bind(to_json(&r.deliveries))
+        .bind(to_json(&deliveries))
         .bind(r.now)
         .execute(&mut *tx)
         .await?;
     }
-    if !r.events.is_empty() {
-        sqlx::query(
-            "UPDATE outbox SET routed_at = ?2
-             WHERE id IN (SELECT value FROM jsonb_each(?1)) AND routed_at IS NULL",
-        )
-        .bind(to_json(&r.events))
-        .bind(r.now)
-        .execute(&mut *tx)
-        .await?;
-    }
-    store.commit(tx).await
+    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+    sqlx::query(
+        "UPDATE outbox SET routed_at = ?2
+         WHERE id IN (SELECT value FROM jsonb_each(?1)) AND routed_at IS NULL",
+    )
+    .bind(to_json(&ids))
+    .bind(r.now)
+    .execute(&mut *tx)
+    .await?;
+    store.commit(tx).await?;
+    Ok(events.len())
 }
 
 pub(super) async fn finish_then_claim(

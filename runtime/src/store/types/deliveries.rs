@@ -50,14 +50,106 @@ impl std::fmt::Display for DeliveryState {
     }
 }
 
-/// A page of committed events routed by a relay: every event in `events`
-/// is marked routed, and gets the deliveries of `deliveries` that name it
-/// (none, when no sink takes it).
+/// Routing's next page: up to `page` of the committed events no relay has
+/// routed yet, oldest first, each given a delivery to every sink of
+/// `sinks` that takes it (none, when none does) and marked routed, in one
+/// transaction.
 #[derive(Debug, Clone, Default)]
 pub struct Routing {
-    pub events: Vec<i64>,
-    pub deliveries: Vec<NewDelivery>,
+    pub page: usize,
+    pub sinks: Vec<SinkRoute>,
     pub now: i64,
+}
+
+impl Routing {
+    /// The deliveries routing gives `events`, in their order.
+    pub fn deliveries_of(&self, events: &[UnroutedEvent]) -> Vec<NewDelivery> {
+        events
+            .iter()
+            .flat_map(|e| {
+                self.sinks
+                    .iter()
+                    .filter(|s| s.takes(&e.event))
+                    .map(|s| NewDelivery {
+                        outbox_id: e.id,
+                        sink: s.sink.clone(),
+                        run_id: e.run_id.clone(),
+                    })
+            })
+            .collect()
+    }
+}
+
+/// A sink routing gives deliveries to, and the events it takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkRoute {
+    pub sink: String,
+    pub events: Vec<EventPattern>,
+}
+
+impl SinkRoute {
+    /// Whether this sink takes `event`.
+    pub fn takes(&self, event: &str) -> bool {
+        self.events.iter().any(|p| p.matches(event))
+    }
+}
+
+/// An event name pattern: `*` matches any run of characters, dots
+/// included (`draft.*`, `run.*`, `*`); every other character is itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventPattern(String);
+
+impl EventPattern {
+    /// `text` as a pattern, if it is one: event name characters (ASCII
+    /// letters and digits, `.`, `-`, `_`) and `*`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let ok = !text.is_empty()
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '*'));
+        ok.then(|| Self(text.to_string()))
+    }
+
+    pub fn matches(&self, event: &str) -> bool {
+        let mut parts = self.0.split('*');
+        let first = parts.next().unwrap_or_default();
+        let Some(mut rest) = event.strip_prefix(first) else {
+            return false;
+        };
+        let tail: Vec<&str> = parts.collect();
+        let Some((last, middle)) = tail.split_last() else {
+            return rest.is_empty();
+        };
+        for part in middle {
+            match rest.find(part) {
+                Some(at) => rest = &rest[at + part.len()..],
+                None => return false,
+            }
+        }
+        rest.ends_with(last)
+    }
+
+    /// The pattern for SQL's `LIKE`, whose escape is a backslash, that
+    /// matches the names this one does: `*` is `%`, and `_`, which is any
+    /// one character there, is escaped, as are `%` and the backslash.
+    pub fn to_like(&self) -> String {
+        let mut like = String::with_capacity(self.0.len() + 4);
+        for c in self.0.chars() {
+            match c {
+                '*' => like.push('%'),
+                '%' | '_' | '\\' => {
+                    like.push('\\');
+                    like.push(c);
+                }
+                c => like.push(c),
+            }
+        }
+        like
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// What routing reads of an event not yet routed: its payload is read

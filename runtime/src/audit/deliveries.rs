@@ -60,7 +60,7 @@ async fn audit_run_deliveries(
         let Some(sink) = sinks.and_then(|f| f.sinks.iter().find(|s| s.name == d.sink)) else {
             continue;
         };
-        if !sink.takes(&d.event) {
+        if !sink.route().takes(&d.event) {
             report.violations.push(Violation {
                 invariant: CONTINUATION,
                 run_id: d.run_id,

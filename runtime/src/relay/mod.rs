@@ -54,7 +54,9 @@ pub struct RelayConfig {
     /// Runs a sink sends side by side, each on a lane of its own (the
     /// deliveries it has in flight); as many more wait, claimed, for a lane.
     pub claim_runs: usize,
-    /// Deliveries of one run a claim takes, sent one after another.
+    /// Deliveries of one run a claim takes, sent one after another: a
+    /// span's lease, its lane's bookkeeping and its share of a transaction
+    /// are paid once for all of them (ADR 0041).
     pub claim_per_run: usize,
     /// Events routed per transaction; by default the store's
     /// ([`Deliveries::route_page`]).
@@ -72,7 +74,7 @@ impl RelayConfig {
             relay_id: relay_id.into(),
             lease_ms: 60_000,
             claim_runs: 64,
-            claim_per_run: 16,
+            claim_per_run: 64,
             route_page: None,
             poll: Duration::from_millis(200),
             route_poll: Duration::from_millis(50),
@@ -226,14 +228,7 @@ impl Relay {
                 transport,
             }));
         }
-        let routes = sinks
-            .sinks
-            .iter()
-            .map(|s| SinkRoute {
-                sink: s.name.clone(),
-                events: s.events.clone(),
-            })
-            .collect();
+        let routes = sinks.sinks.iter().map(SinkConfig::route).collect();
         Ok(Self {
             store,
             sinks: built,

@@ -12,6 +12,7 @@ use super::nats::SubjectTemplate;
 use crate::manifest::{ManifestError, Source};
 use crate::scheduler::Backoff;
 pub use crate::store::EventPattern;
+use crate::store::SinkRoute;
 
 /// Attempts a delivery gets before it is a dead letter, unless the file says.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 12;
@@ -104,9 +105,12 @@ impl SinkKind {
 }
 
 impl SinkConfig {
-    /// Whether this sink takes `event`.
-    pub fn takes(&self, event: &str) -> bool {
-        self.events.iter().any(|p| p.matches(event))
+    /// What routing gives this sink: the events its patterns match.
+    pub fn route(&self) -> SinkRoute {
+        SinkRoute {
+            sink: self.name.clone(),
+            events: self.events.clone(),
+        }
     }
 }
 
@@ -448,7 +452,7 @@ mod tests {
         let hooks = &sinks.sinks[0];
         assert_eq!(hooks.name, "hooks");
         assert_eq!(hooks.max_attempts, DEFAULT_MAX_ATTEMPTS);
-        assert!(hooks.takes("draft.published"));
+        assert!(hooks.route().takes("draft.published"));
         assert_eq!(
             hooks.kind,
             SinkKind::Webhook {

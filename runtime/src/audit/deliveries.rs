@@ -2,8 +2,8 @@
 //! sink that takes it.
 
 use super::{AuditReport, CONTINUATION, RUNS_PER_PAGE, Violation};
-use crate::relay::Sinks;
-use crate::store::{DeliveryFilter, Store, StoreError};
+use crate::relay::{SinkConfig, Sinks};
+use crate::store::{DeliveryFilter, SinkRoute, Store, StoreError};
 
 /// Adds to `report` each delivery of `run` (or of every run, one run's
 /// deliveries in memory at a time) whose event is not in the outbox and,
@@ -30,14 +30,17 @@ pub async fn audit_deliveries(
             ),
         });
     }
+    let routes: Option<Vec<SinkRoute>> =
+        sinks.map(|f| f.sinks.iter().map(SinkConfig::route).collect());
+    let routes = routes.as_deref();
     if let Some(run) = run {
-        return audit_run_deliveries(store, sinks, run, report).await;
+        return audit_run_deliveries(store, routes, run, report).await;
     }
     let mut after: Option<String> = None;
     loop {
         let ids = store.run_ids(after.as_deref(), RUNS_PER_PAGE).await?;
         for id in &ids {
-            audit_run_deliveries(store, sinks, id, report).await?;
+            audit_run_deliveries(store, routes, id, report).await?;
         }
         if ids.len() < RUNS_PER_PAGE {
             return Ok(());
@@ -48,7 +51,7 @@ pub async fn audit_deliveries(
 
 async fn audit_run_deliveries(
     store: &dyn Store,
-    sinks: Option<&Sinks>,
+    routes: Option<&[SinkRoute]>,
     run: &str,
     report: &mut AuditReport,
 ) -> Result<(), StoreError> {
@@ -57,10 +60,10 @@ async fn audit_run_deliveries(
         state: None,
     };
     for d in store.delivery_list(&filter).await? {
-        let Some(sink) = sinks.and_then(|f| f.sinks.iter().find(|s| s.name == d.sink)) else {
+        let Some(route) = routes.and_then(|r| r.iter().find(|s| s.sink == d.sink)) else {
             continue;
         };
-        if !sink.route().takes(&d.event) {
+        if !route.takes(&d.event) {
             report.violations.push(Violation {
                 invariant: CONTINUATION,
                 run_id: d.run_id,

@@ -10,7 +10,9 @@
 # Printed per run: events/s, and the CPU time per delivered event of the
 # whole machine, the PostgreSQL server, the NATS server and the relay
 # (µs). Scenario 8 of `ratchet bench` is the measure against raw
-# publishes; this splits the relay's side of it.
+# publishes; this splits the relay's side of it. A PostgreSQL figure near
+# zero is a reading taken while the server was still reaping the relay's
+# connections: run that round again.
 #
 # RATCHET_BENCH_POSTGRES: the server (postgres://postgres@127.0.0.1:5432/test)
 # RATCHET_BENCH_NATS: nats://HOST:PORT (nats://127.0.0.1:4222)

@@ -12,7 +12,8 @@
 # (µs). Scenario 8 of `ratchet bench` is the measure against raw
 # publishes; this splits the relay's side of it. A PostgreSQL figure near
 # zero is a reading taken while the server was still reaping the relay's
-# connections: run that round again.
+# connections: run that round again. The database stays for the next run
+# (`DROP DATABASE ratchet_relay_split` removes it); the stream is deleted.
 #
 # RATCHET_BENCH_POSTGRES: the server (postgres://postgres@127.0.0.1:5432/test)
 # RATCHET_BENCH_NATS: nats://HOST:PORT (nats://127.0.0.1:4222)

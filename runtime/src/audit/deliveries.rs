@@ -2,7 +2,7 @@
 //! sink that takes it.
 
 use super::{AuditReport, CONTINUATION, RUNS_PER_PAGE, Violation};
-use crate::relay::{SinkConfig, Sinks};
+use crate::relay::Sinks;
 use crate::store::{DeliveryFilter, SinkRoute, Store, StoreError};
 
 /// Adds to `report` each delivery of `run` (or of every run, one run's
@@ -30,8 +30,7 @@ pub async fn audit_deliveries(
             ),
         });
     }
-    let routes: Option<Vec<SinkRoute>> =
-        sinks.map(|f| f.sinks.iter().map(SinkConfig::route).collect());
+    let routes = sinks.map(Sinks::routes);
     let routes = routes.as_deref();
     if let Some(run) = run {
         return audit_run_deliveries(store, routes, run, report).await;

@@ -228,11 +228,10 @@ impl Relay {
                 transport,
             }));
         }
-        let routes = sinks.sinks.iter().map(SinkConfig::route).collect();
         Ok(Self {
             store,
             sinks: built,
-            routes,
+            routes: sinks.routes(),
             clock,
             config,
             stats: Arc::default(),

@@ -115,6 +115,11 @@ impl SinkConfig {
 }
 
 impl Sinks {
+    /// What routing gives each sink of the file.
+    pub fn routes(&self) -> Vec<SinkRoute> {
+        self.sinks.iter().map(SinkConfig::route).collect()
+    }
+
     /// Parses a sinks file; `file` names it in errors.
     pub fn parse(file: &str, text: &str) -> Result<Self, ManifestError> {
         let src = Source { file, text };

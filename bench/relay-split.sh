@@ -5,7 +5,8 @@
 #
 # For each BIN (a `ratchet` binary) in turn, round after round: a backlog
 # of EVENTS events (40,000 by default) over 256 runs is written straight
-# into a database of its own on the server (`ratchet_relay_split`), and
+# into a database of the binary's own on the server (`ratchet_relay_split_N`
+# for the Nth BIN, so that binaries of different schemas compare), and
 # `BIN relay --until-idle` delivers it to a scratch JetStream stream.
 # Printed per run: events/s, and the CPU time per delivered event of the
 # whole machine, the PostgreSQL server, the NATS server and the relay
@@ -13,7 +14,8 @@
 # publishes; this splits the relay's side of it. A PostgreSQL figure near
 # zero is a reading taken while the server was still reaping the relay's
 # connections: run that round again. The database stays for the next run
-# (`DROP DATABASE ratchet_relay_split` removes it); the stream is deleted.
+# (`DROP DATABASE ratchet_relay_split_1` and so on remove them); the stream
+# is deleted.
 #
 # RATCHET_BENCH_POSTGRES: the server (postgres://postgres@127.0.0.1:5432/test)
 # RATCHET_BENCH_NATS: nats://HOST:PORT (nats://127.0.0.1:4222)
@@ -25,14 +27,22 @@ if [[ ${1:-} =~ ^[0-9]+$ ]]; then events=$1; shift; fi
 (($# > 0)) || { echo "usage: $0 [EVENTS] BIN..." >&2; exit 2; }
 server=${RATCHET_BENCH_POSTGRES:-postgres://postgres@127.0.0.1:5432/test}
 nats=${RATCHET_BENCH_NATS:-nats://127.0.0.1:4222}
-db=${server%/*}/ratchet_relay_split
 stream=RATCHET_RELAY_SPLIT
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-psql -q "$server" -Atc "SELECT 1 FROM pg_database WHERE datname = 'ratchet_relay_split'" |
-    grep -q 1 || psql -q "$server" -c "CREATE DATABASE ratchet_relay_split"
-"$1" outbox --db "$db" > /dev/null # migrates the schema
+# The Nth binary's database, made and migrated to its schema.
+database() {
+    local name=ratchet_relay_split_$1
+    psql -q "$server" -Atc "SELECT 1 FROM pg_database WHERE datname = '$name'" |
+        grep -q 1 || psql -q "$server" -c "CREATE DATABASE $name"
+    echo "${server%/*}/$name"
+}
+dbs=()
+for bin in "$@"; do
+    dbs+=("$(database $((${#dbs[@]} + 1)))")
+    "$bin" outbox --db "${dbs[-1]}" > /dev/null # migrates the schema
+done
 
 cat > "$work/sinks.toml" << EOF
 [[sink]]
@@ -93,8 +103,10 @@ children_s() {
 }
 
 hz=$(getconf CLK_TCK)
+bins=("$@")
 for round in $(seq "${ROUNDS:-3}"); do
-    for bin in "$@"; do
+    for i in "${!bins[@]}"; do
+        bin=${bins[i]} db=${dbs[i]}
         backlog "$round-$bin-$$"
         delete_stream
         children_s > "$work/r0"

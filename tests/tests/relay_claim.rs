@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::relay::{Relay, RelayConfig, Sinks};
 use ratchet_runtime::store::{
-    ClaimedDelivery, DeliveryClaim, DeliveryFinish, DeliveryResult, PostgresStore,
+    ClaimedDelivery, DeliveryClaim, DeliveryFinish, DeliveryResult, PostgresStore, Redeliver,
 };
 use ratchet_tests::events::{commit_chains, hooks_routing, route_to_hooks};
 use ratchet_tests::nats::jetstream;
@@ -19,6 +19,7 @@ use tokio::sync::RwLock;
 
 ratchet_tests::backend_tests! {
     deliveries_pending_before_an_upgrade_are_claimed_after_it => pending_across_upgrade;
+    dead_letters_from_before_an_upgrade_are_counted_and_redelivered_after_it => dead_across_upgrade;
 }
 
 /// Taken for writing by the test that counts index entries, which runs
@@ -286,8 +287,97 @@ async fn routing_on_postgres_takes_its_page_from_the_queue_by_key() {
     );
 }
 
+/// Counting pending and dead deliveries on PostgreSQL (for each sink, and
+/// for the metrics) reads what is pending or dead, by key, however many
+/// deliveries lie delivered: 128 runs of 64 events, 120 runs delivered,
+/// one run's first a dead letter and the rest of it pending, 7 runs
+/// pending. The counts are right, and again once the dead letter is
+/// redelivered.
+///
+/// Seen failing with the statements before migration 0028 (`COUNT(*) FROM
+/// deliveries WHERE state = 'pending'`, and `'dead'`): no index holds
+/// deliveries by state (migration 0026), so each count walked the whole
+/// table (`Seq Scan` on `deliveries`), every scrape of the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_deliveries_on_postgres_reads_only_the_pending_and_the_dead() {
+    let _beside = ALONE.read().await;
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let Some(h) = Harness::on(Backend::Postgres, clock.clone()).await else {
+        return;
+    };
+    let (runs, per_run) = (128, 64);
+    let now = clock.now_ms();
+    let claimed = claimed_backlog(&h, runs, per_run, now).await;
+    let dead = first_of(&claimed, "run-120");
+    let finished = finished_by_run(&claimed, now, |d| match run_number(d) {
+        _ if d.event.id == dead => DeliveryResult::Dead {
+            status: Some(410),
+            error: "gone".into(),
+        },
+        n if n >= 120 => DeliveryResult::Unsent,
+        _ => DeliveryResult::Delivered { status: Some(200) },
+    });
+    for batch in finished.chunks(8 * per_run) {
+        record(&h, batch).await;
+    }
+
+    let pg = PostgresStore::open(&h.url).await.expect("open");
+    for plan in pg.explain_delivery_counts().await.expect("explain") {
+        let walks = nodes(&plan[0]["Plan"])
+            .into_iter()
+            .filter(|n| n["Node Type"] == "Seq Scan" && n["Relation Name"] == "deliveries")
+            .count();
+        assert_eq!(walks, 0, "counting walked the deliveries:\n{plan:#}");
+    }
+    let pending = (per_run - 1) + 7 * per_run;
+    let counts = |pending: usize, dead: usize| {
+        (
+            vec![("hooks".to_string(), pending as i64)],
+            pending as i64,
+            dead as i64,
+        )
+    };
+    assert_eq!(figures(&h, now).await, counts(pending, 1));
+    assert_eq!(
+        h.store
+            .deliveries_redeliver(Redeliver::AllDead, now)
+            .await
+            .expect("redeliver"),
+        1
+    );
+    assert_eq!(figures(&h, now).await, counts(pending + 1, 0));
+}
+
+/// Pending deliveries by sink, and the metrics' pending and dead.
+async fn figures(h: &Harness, now: i64) -> (Vec<(String, i64)>, i64, i64) {
+    let by_sink = h.store.deliveries_pending_by_sink().await.expect("pending");
+    let gauges = h.store.queue_gauges(now).await.expect("gauges");
+    (by_sink, gauges.deliveries_pending, gauges.deliveries_dead)
+}
+
+/// The lowest event id of `run` among `claimed`.
+fn first_of(claimed: &[ClaimedDelivery], run: &str) -> i64 {
+    claimed
+        .iter()
+        .filter(|d| d.event.run_id == run)
+        .map(|d| d.event.id)
+        .min()
+        .expect("the run was claimed")
+}
+
 /// `claimed` delivered, each run's results together, as a lane's are.
 fn delivered_by_run(claimed: &[ClaimedDelivery], now: i64) -> Vec<DeliveryFinish> {
+    finished_by_run(claimed, now, |_| DeliveryResult::Delivered {
+        status: Some(200),
+    })
+}
+
+/// `claimed` ended as `result` says, each run's results together.
+fn finished_by_run(
+    claimed: &[ClaimedDelivery],
+    now: i64,
+    result: impl Fn(&ClaimedDelivery) -> DeliveryResult,
+) -> Vec<DeliveryFinish> {
     let mut by_run: Vec<&ClaimedDelivery> = claimed.iter().collect();
     by_run.sort_by_key(|d| (run_number(d), d.event.id));
     by_run
@@ -297,7 +387,7 @@ fn delivered_by_run(claimed: &[ClaimedDelivery], now: i64) -> Vec<DeliveryFinish
             relay: "relay".into(),
             lease: d.lease,
             attempts: d.attempts,
-            result: DeliveryResult::Delivered { status: Some(200) },
+            result: result(d),
             now,
         })
         .collect()
@@ -370,6 +460,56 @@ async fn pending_across_upgrade(backend: Backend) {
         .expect("claim");
     let keys: Vec<&str> = claimed.iter().map(|d| d.event.dedup_key.as_str()).collect();
     assert_eq!(keys, ["a/1", "a/2", "b/2"]);
+}
+
+/// A dead letter recorded before migration 0028 is counted after it, and
+/// redelivered with the others: on PostgreSQL the migration copies it into
+/// the dead letters' table. Seen failing with the migration's copy left
+/// out: `redeliver --dead` found none.
+async fn dead_across_upgrade(backend: Backend) {
+    let _beside = ALONE.read().await;
+    let routed = match backend {
+        Backend::Sqlite => (", routed_at", ", 0"),
+        Backend::Postgres => ("", ""),
+    };
+    let (column, value) = routed;
+    let rows = format!(
+        "INSERT INTO runs (id, pipeline, state, created_at) VALUES ('a', 'p', 'running', 0);
+         INSERT INTO outbox (id, dedup_key, run_id, stage, event, payload, created_at{column})
+             VALUES (1, 'a/1', 'a', 's', 'e', '{{}}', 0{value}),
+                    (2, 'a/2', 'a', 's', 'e', '{{}}', 0{value});
+         INSERT INTO deliveries (outbox_id, sink, run_id, state, next_at, retrying_since,
+                                 created_at, attempts, last_error)
+             VALUES (1, 'hooks', 'a', 'dead', 0, 0, 0, 3, 'gone'),
+                    (2, 'hooks', 'a', 'delivered', 0, 0, 0, 1, NULL);
+         {}",
+        if backend == Backend::Postgres {
+            "DELETE FROM outbox_unrouted;"
+        } else {
+            ""
+        }
+    );
+    let Some((_dir, url)) = ratchet_tests::database_at_version(backend, 27, &rows).await else {
+        return;
+    };
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let h = Harness::at_url(url, clock.clone()).await;
+    let now = clock.now_ms();
+    assert_eq!(
+        figures(&h, now).await,
+        (vec![], 0, 1),
+        "the dead letter counted"
+    );
+    let again = h.store.deliveries_redeliver(Redeliver::AllDead, now).await;
+    assert_eq!(again.expect("redeliver"), 1);
+    assert_eq!(figures(&h, now).await, (vec![("hooks".into(), 1)], 1, 0));
+    let (_, claimed) = h
+        .store
+        .deliveries_finish_then_claim(&[], Some(&claim(now, 8, 16)))
+        .await
+        .expect("claim");
+    let keys: Vec<&str> = claimed.iter().map(|d| d.event.dedup_key.as_str()).collect();
+    assert_eq!(keys, ["a/1"]);
 }
 
 /// A relay makes claimable, when it starts, pending deliveries whose runs

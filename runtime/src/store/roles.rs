@@ -200,8 +200,8 @@ pub trait History: Send + Sync {
     /// UUIDv7s, ordered by time): an API's page of runs.
     async fn run_page(&self, q: &RunQuery) -> Result<Vec<RunRow>>;
     /// The queue's and the outbox's figures now, for `/metrics`. Reads the
-    /// live jobs' index and the pending deliveries' index; the dead
-    /// deliveries are counted from the whole table.
+    /// live jobs' index, and what is pending or dead of the deliveries,
+    /// never every delivery ever made.
     async fn queue_gauges(&self, now: i64) -> Result<QueueGauges>;
     /// A run's recorded history (upgrades), oldest first.
     async fn run_events(&self, run_id: &str) -> Result<Vec<RunEvent>>;
@@ -254,7 +254,8 @@ pub trait Deliveries: Send + Sync {
     /// outbox, which `delivery_list` cannot show: the audit's.
     async fn deliveries_orphaned(&self, run: Option<&str>) -> Result<Vec<OrphanDelivery>>;
     /// Pending deliveries per sink, for sinks a relay's file may no longer
-    /// have.
+    /// have; sinks with none are left out. Reads what is pending, never
+    /// every delivery ever made.
     async fn deliveries_pending_by_sink(&self) -> Result<Vec<(String, i64)>>;
     /// Makes dead letters pending again, due now, with a fresh count of
     /// attempts; returns how many.

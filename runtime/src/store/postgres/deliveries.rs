@@ -235,6 +235,16 @@ impl PostgresStore {
         explained(self, ROUTE, |q| bind_route(q, r)).await
     }
 
+    /// What counting the deliveries pending for each sink, and those
+    /// pending and dead for the metrics, reads on the data there is now
+    /// (`explained`): the two plans.
+    pub async fn explain_delivery_counts(&self) -> Result<[serde_json::Value; 2]> {
+        Ok([
+            explained(self, PENDING_BY_SINK, |q| q).await?,
+            explained(self, COUNTS, |q| q).await?,
+        ])
+    }
+
     /// What recording `finished` (results sent under the leases of their
     /// holders) does to the deliveries on the data there is now
     /// (`explained`): nothing is recorded.
@@ -347,7 +357,36 @@ async fn finish(tx: &mut Tx, finished: &[DeliveryFinish]) -> Result<Vec<bool>> {
     .bind(column(&lanes, |l| l.1.as_str()))
     .execute(&mut **tx)
     .await?;
+    keep_dead_letters(tx, finished, &rows, &updated).await?;
     Ok(finished.iter().map(|f| updated.contains(&f.id)).collect())
+}
+
+/// Adds the dead letters this batch recorded to `dead_deliveries`
+/// (migration 0028), where they are counted and found; a batch without
+/// one (nearly every batch) sends no statement.
+async fn keep_dead_letters(
+    tx: &mut Tx,
+    finished: &[DeliveryFinish],
+    rows: &[Finished<'_>],
+    updated: &HashSet<i64>,
+) -> Result<()> {
+    let dead: Vec<i64> = finished
+        .iter()
+        .zip(rows)
+        .filter(|(f, row)| row.state == DeliveryState::Dead && updated.contains(&f.id))
+        .map(|(f, _)| f.id)
+        .collect();
+    if !dead.is_empty() {
+        sqlx::query(
+            "INSERT INTO dead_deliveries (id, sink)
+             SELECT id, sink FROM deliveries WHERE id = ANY($1)
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(&dead)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
 }
 
 /// A run's deliveries are found by their key, which starts with the run
@@ -393,22 +432,56 @@ pub(super) async fn orphaned(pool: &PgPool, run: Option<&str>) -> Result<Vec<Orp
     Ok(rows.into_iter().map(OrphanDelivery::from).collect())
 }
 
+/// Pending deliveries by sink, counted in the lanes that have any
+/// (`PENDING_BY_SINK`).
 pub(super) async fn pending_by_sink(pool: &PgPool) -> Result<Vec<(String, i64)>> {
-    Ok(sqlx::query_as(
-        "SELECT sink, COUNT(*) FROM deliveries WHERE state = 'pending' GROUP BY sink ORDER BY sink",
-    )
-    .fetch_all(pool)
-    .await?)
+    Ok(sqlx::query_as(PENDING_BY_SINK).fetch_all(pool).await?)
 }
 
-/// Wakes the lanes of the deliveries it makes pending again, as routing
-/// does, and holds them until the commit (migration 0025).
+/// Each lane that has a pending delivery (due at some time, migration
+/// 0025) with the count of its pending deliveries (`n.pending`), read by
+/// key from the lane's place (migration 0026): what it reads grows with
+/// what is pending, not with every delivery ever made, which no index of
+/// pending ones alone could spare (migration 0028).
+macro_rules! pending_in_lanes {
+    () => {
+        "FROM delivery_lanes l CROSS JOIN LATERAL (
+             SELECT count(*) AS pending FROM deliveries d
+             WHERE d.run_id = l.run_id AND d.sink = l.sink
+               AND d.outbox_id >= COALESCE(l.first_pending, 0) AND d.state = 'pending') n
+         WHERE l.due_at IS NOT NULL"
+    };
+}
+
+const PENDING_BY_SINK: &str = concat!(
+    "SELECT l.sink, sum(n.pending)::BIGINT ",
+    pending_in_lanes!(),
+    " GROUP BY l.sink HAVING sum(n.pending) > 0 ORDER BY l.sink"
+);
+
+/// The pending deliveries' count, as [`PENDING_BY_SINK`] counts them, and
+/// the dead letters' (migration 0028), for the metrics' gauges.
+pub(super) async fn counts(pool: &PgPool) -> Result<(i64, i64)> {
+    Ok(sqlx::query_as(COUNTS).fetch_one(pool).await?)
+}
+
+const COUNTS: &str = concat!(
+    "SELECT (SELECT COALESCE(sum(n.pending), 0)::BIGINT ",
+    pending_in_lanes!(),
+    ") AS pending, (SELECT count(*) FROM dead_deliveries) AS dead"
+);
+
+/// Takes the dead letters out of `dead_deliveries` (migration 0028) and
+/// makes them pending again, each by its key. Wakes their lanes, as
+/// routing does, and holds them until the commit (migration 0025).
 pub(super) async fn redeliver(store: &PostgresStore, r: Redeliver, now: i64) -> Result<u64> {
     let n: i64 = sqlx::query_scalar(concat!(
-        "WITH again AS (
+        "WITH revived AS (
+             DELETE FROM dead_deliveries WHERE $2::BIGINT IS NULL OR id = $2 RETURNING id),
+         again AS (
              UPDATE deliveries SET state = 'pending', attempts = 0, next_at = $1,
                     retrying_since = $1, lease_owner = NULL, lease_expires_at = NULL
-             WHERE state = 'dead' AND ($2::BIGINT IS NULL OR id = $2)
+             WHERE id = ANY(ARRAY(SELECT id FROM revived)) AND state = 'dead'
              RETURNING run_id, sink, outbox_id),
          lanes AS (
              INSERT INTO delivery_lanes (run_id, sink, due_at, first_pending)

@@ -224,19 +224,18 @@ pub(super) async fn gauges(pool: &sqlx::PgPool, now: i64) -> Result<QueueGauges>
         "SELECT
            (SELECT COUNT(*) FROM jobs WHERE state = 'ready' AND next_run_at <= $1) AS ready,
            (SELECT MIN(next_run_at) FROM jobs WHERE state = 'ready' AND next_run_at <= $1) AS oldest,
-           (SELECT COUNT(*) FROM jobs WHERE state = 'running') AS running,
-           (SELECT COUNT(*) FROM deliveries WHERE state = 'pending') AS pending,
-           (SELECT COUNT(*) FROM deliveries WHERE state = 'dead') AS dead",
+           (SELECT COUNT(*) FROM jobs WHERE state = 'running') AS running",
     )
     .bind(now)
     .fetch_one(pool)
     .await?;
+    let (pending, dead) = super::deliveries::counts(pool).await?;
     Ok(QueueGauges {
         ready: row.try_get("ready")?,
         running: row.try_get("running")?,
         oldest_ready_at: row.try_get("oldest")?,
-        deliveries_pending: row.try_get("pending")?,
-        deliveries_dead: row.try_get("dead")?,
+        deliveries_pending: pending,
+        deliveries_dead: dead,
     })
 }
 

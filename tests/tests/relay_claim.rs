@@ -9,7 +9,8 @@ use std::sync::Arc;
 use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::relay::{Relay, RelayConfig, Sinks};
 use ratchet_runtime::store::{
-    ClaimedDelivery, DeliveryClaim, DeliveryFinish, DeliveryResult, PostgresStore, Redeliver,
+    ClaimedDelivery, DeliveryClaim, DeliveryFilter, DeliveryFinish, DeliveryResult, DeliveryState,
+    PostgresStore, Redeliver,
 };
 use ratchet_tests::events::{commit_chains, hooks_routing, route_to_hooks};
 use ratchet_tests::nats::jetstream;
@@ -288,16 +289,17 @@ async fn routing_on_postgres_takes_its_page_from_the_queue_by_key() {
 }
 
 /// Counting pending and dead deliveries on PostgreSQL (for each sink, and
-/// for the metrics) reads what is pending or dead, by key, however many
-/// deliveries lie delivered: 128 runs of 64 events, 120 runs delivered,
-/// one run's first a dead letter and the rest of it pending, 7 runs
-/// pending. The counts are right, and again once the dead letter is
-/// redelivered.
+/// for the metrics) and listing the dead letters read what is pending or
+/// dead, by key, however many deliveries lie delivered: 128 runs of 64
+/// events, 120 runs delivered, one run's first a dead letter and the rest
+/// of it pending, 7 runs pending. The counts and the list are right, and
+/// the counts again once the dead letter is redelivered.
 ///
 /// Seen failing with the statements before migration 0028 (`COUNT(*) FROM
-/// deliveries WHERE state = 'pending'`, and `'dead'`): no index holds
-/// deliveries by state (migration 0026), so each count walked the whole
-/// table (`Seq Scan` on `deliveries`), every scrape of the metrics.
+/// deliveries WHERE state = 'pending'`, and `'dead'`; the list `WHERE
+/// d.state = $1`): no index holds deliveries by state (migration 0026), so
+/// each walked the whole table (`Seq Scan` on `deliveries`), the counts
+/// every scrape of the metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counting_deliveries_on_postgres_reads_only_the_pending_and_the_dead() {
     let _beside = ALONE.read().await;
@@ -322,12 +324,15 @@ async fn counting_deliveries_on_postgres_reads_only_the_pending_and_the_dead() {
     }
 
     let pg = PostgresStore::open(&h.url).await.expect("open");
-    for plan in pg.explain_delivery_counts().await.expect("explain") {
+    for plan in pg.explain_delivery_reports().await.expect("explain") {
         let walks = nodes(&plan[0]["Plan"])
             .into_iter()
             .filter(|n| n["Node Type"] == "Seq Scan" && n["Relation Name"] == "deliveries")
             .count();
-        assert_eq!(walks, 0, "counting walked the deliveries:\n{plan:#}");
+        assert_eq!(
+            walks, 0,
+            "a count or the list walked the deliveries:\n{plan:#}"
+        );
     }
     let pending = (per_run - 1) + 7 * per_run;
     let counts = |pending: usize, dead: usize| {
@@ -338,6 +343,19 @@ async fn counting_deliveries_on_postgres_reads_only_the_pending_and_the_dead() {
         )
     };
     assert_eq!(figures(&h, now).await, counts(pending, 1));
+    let dead_letters = h
+        .store
+        .delivery_list(&DeliveryFilter {
+            run_id: None,
+            state: Some(DeliveryState::Dead),
+        })
+        .await
+        .expect("list");
+    let listed: Vec<(i64, Option<&str>)> = dead_letters
+        .iter()
+        .map(|d| (d.outbox_id, d.last_error.as_deref()))
+        .collect();
+    assert_eq!(listed, [(dead, Some("gone"))]);
     assert_eq!(
         h.store
             .deliveries_redeliver(Redeliver::AllDead, now)

@@ -235,13 +235,14 @@ impl PostgresStore {
         explained(self, ROUTE, |q| bind_route(q, r)).await
     }
 
-    /// What counting the deliveries pending for each sink, and those
-    /// pending and dead for the metrics, reads on the data there is now
-    /// (`explained`): the two plans.
-    pub async fn explain_delivery_counts(&self) -> Result<[serde_json::Value; 2]> {
+    /// What counting the deliveries pending for each sink, counting those
+    /// pending and dead for the metrics, and listing the dead letters read
+    /// on the data there is now (`explained`): the three plans.
+    pub async fn explain_delivery_reports(&self) -> Result<[serde_json::Value; 3]> {
         Ok([
             explained(self, PENDING_BY_SINK, |q| q).await?,
             explained(self, COUNTS, |q| q).await?,
+            explained(self, DEAD_LETTERS, |q| q).await?,
         ])
     }
 
@@ -395,8 +396,9 @@ pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<Delive
     // Two statements, not one with `run IS NULL OR`: a generic plan of
     // that walks every event, and the audit lists each run's.
     let state = f.state.map(DeliveryState::as_str);
-    let rows = match &f.run_id {
-        Some(run) => sqlx::query(
+    let rows = match (&f.run_id, f.state) {
+        (None, Some(DeliveryState::Dead)) => sqlx::query(DEAD_LETTERS),
+        (Some(run), _) => sqlx::query(
             "SELECT d.*, o.dedup_key, o.event, o.stage
              FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
              WHERE d.run_id = $1 AND ($2::TEXT IS NULL OR d.state = $2)
@@ -404,7 +406,7 @@ pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<Delive
         )
         .bind(run)
         .bind(state),
-        None => sqlx::query(
+        (None, _) => sqlx::query(
             "SELECT d.*, o.dedup_key, o.event, o.stage
              FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
              WHERE $1::TEXT IS NULL OR d.state = $1
@@ -416,6 +418,13 @@ pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<Delive
     .await?;
     rows.iter().map(rows::delivery_row).collect()
 }
+
+/// Every dead letter, read by key from the dead letters' table (migration
+/// 0028): `ratchet outbox --state dead`.
+const DEAD_LETTERS: &str = "SELECT d.*, o.dedup_key, o.event, o.stage
+         FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
+         WHERE d.id = ANY(ARRAY(SELECT id FROM dead_deliveries)) AND d.state = 'dead'
+         ORDER BY d.outbox_id, d.sink";
 
 /// Reads every delivery once, a run's or all: a plan for either
 /// (`$1 IS NULL OR`) walks the table.

@@ -486,11 +486,11 @@ async fn pending_across_upgrade(backend: Backend) {
 /// out: `redeliver --dead` found none.
 async fn dead_across_upgrade(backend: Backend) {
     let _beside = ALONE.read().await;
-    let routed = match backend {
-        Backend::Sqlite => (", routed_at", ", 0"),
-        Backend::Postgres => ("", ""),
+    // Routed: SQLite marks the event, PostgreSQL takes it out of a queue.
+    let (column, value, unqueue) = match backend {
+        Backend::Sqlite => (", routed_at", ", 0", ""),
+        Backend::Postgres => ("", "", "DELETE FROM outbox_unrouted;"),
     };
-    let (column, value) = routed;
     let rows = format!(
         "INSERT INTO runs (id, pipeline, state, created_at) VALUES ('a', 'p', 'running', 0);
          INSERT INTO outbox (id, dedup_key, run_id, stage, event, payload, created_at{column})
@@ -500,12 +500,7 @@ async fn dead_across_upgrade(backend: Backend) {
                                  created_at, attempts, last_error)
              VALUES (1, 'hooks', 'a', 'dead', 0, 0, 0, 3, 'gone'),
                     (2, 'hooks', 'a', 'delivered', 0, 0, 0, 1, NULL);
-         {}",
-        if backend == Backend::Postgres {
-            "DELETE FROM outbox_unrouted;"
-        } else {
-            ""
-        }
+         {unqueue}"
     );
     let Some((_dir, url)) = ratchet_tests::database_at_version(backend, 27, &rows).await else {
         return;

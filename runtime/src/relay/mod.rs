@@ -18,11 +18,13 @@ mod sinks;
 mod webhook;
 
 use std::collections::{BTreeMap, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures_util::{FutureExt, StreamExt, stream::FuturesUnordered};
 use tokio::sync::{Notify, watch};
 
 use crate::clock::Clock;
@@ -134,8 +136,14 @@ impl Sent {
 /// A claimed delivery and how its attempt ended.
 type Outcome = (ClaimedDelivery, DeliveryResult);
 
-/// A sink's runs being sent, each on a lane of its own.
-type Lanes = tokio::task::JoinSet<Vec<Outcome>>;
+/// A sink's runs being sent, each on a lane of its own: futures its loop
+/// polls, not tasks (ADR 0042). The acknowledgements the connection reads
+/// at once wake the loop once, and the lanes they free publish together,
+/// so the client writes their publishes to the server in one batch. Each
+/// lane catches its own panic: its leases lapse and its deliveries are
+/// sent again, and the loop and the other lanes go on.
+type Lanes<'a> =
+    FuturesUnordered<Pin<Box<dyn Future<Output = std::thread::Result<Vec<Outcome>>> + Send + 'a>>>;
 
 /// A claimed run waiting for a lane: its deliveries in commit order, and
 /// when their lease ends.
@@ -165,7 +173,7 @@ struct Sink {
 /// The relay of one process.
 pub struct Relay {
     store: Arc<dyn Deliveries>,
-    sinks: Vec<Arc<Sink>>,
+    sinks: Vec<Sink>,
     /// What routing gives each sink.
     routes: Vec<SinkRoute>,
     clock: Arc<dyn Clock>,
@@ -223,10 +231,10 @@ impl Relay {
                     config.lease_ms
                 )));
             }
-            built.push(Arc::new(Sink {
+            built.push(Sink {
                 config: sink.clone(),
                 transport,
-            }));
+            });
         }
         Ok(Self {
             store,
@@ -288,18 +296,18 @@ impl Relay {
 
     /// Starts the queued runs of sink `index` on lanes of their own, each
     /// run's deliveries in order, up to `claim_runs` runs side by side.
-    fn start_lanes(&self, index: usize, queued: &mut VecDeque<Queued>, lanes: &mut Lanes) {
+    fn start_lanes<'a>(
+        &'a self,
+        index: usize,
+        queued: &mut VecDeque<Queued>,
+        lanes: &mut Lanes<'a>,
+    ) {
         while lanes.len() < self.config.claim_runs
             && let Some((run, lease_end)) = queued.pop_front()
         {
-            let (sink, clock, stats) = (
-                self.sinks[index].clone(),
-                self.clock.clone(),
-                self.stats.clone(),
-            );
-            lanes.spawn(async move {
-                send::send_run(&sink, run, lease_end, clock.as_ref(), &stats).await
-            });
+            let sink = &self.sinks[index];
+            let send = send::send_run(sink, run, lease_end, self.clock.as_ref(), &self.stats);
+            lanes.push(Box::pin(AssertUnwindSafe(send).catch_unwind()));
         }
     }
 
@@ -494,7 +502,7 @@ impl Relay {
             }
             let resting = books.is_none() && (nothing_due || failed);
             tokio::select! {
-                Some(done) = lanes.join_next() => {
+                Some(done) = lanes.next() => {
                     // A lane that panicked: its leases lapse and its
                     // deliveries are retried.
                     if let Ok(outcomes) = done {

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use ratchet_runtime::clock::{Clock, ManualClock};
 use ratchet_runtime::relay::{Relay, RelayConfig, Sinks};
 use ratchet_runtime::store::{
-    ClaimedDelivery, DeliveryClaim, DeliveryFilter, DeliveryFinish, DeliveryResult, DeliveryState,
-    PostgresStore, Redeliver,
+    ClaimedDelivery, DeliveryClaim, DeliveryFilter, DeliveryFinish, DeliveryResult, DeliveryRow,
+    DeliveryState, PostgresStore, Redeliver,
 };
 use ratchet_tests::events::{commit_chains, hooks_routing, route_to_hooks};
 use ratchet_tests::nats::jetstream;
@@ -289,17 +289,17 @@ async fn routing_on_postgres_takes_its_page_from_the_queue_by_key() {
 }
 
 /// Counting pending and dead deliveries on PostgreSQL (for each sink, and
-/// for the metrics) and listing the dead letters read what is pending or
-/// dead, by key, however many deliveries lie delivered: 128 runs of 64
-/// events, 120 runs delivered, one run's first a dead letter and the rest
-/// of it pending, 7 runs pending. The counts and the list are right, and
-/// the counts again once the dead letter is redelivered.
+/// for the metrics) and listing the pending and the dead letters of every
+/// run read what is pending or dead, by key, however many deliveries lie
+/// delivered: 128 runs of 64 events, 120 runs delivered, one run's first a
+/// dead letter and the rest of it pending, 7 runs pending. The counts and
+/// the lists are right, and again once the dead letter is redelivered.
 ///
 /// Seen failing with the statements before migration 0028 (`COUNT(*) FROM
-/// deliveries WHERE state = 'pending'`, and `'dead'`; the list `WHERE
-/// d.state = $1`): no index holds deliveries by state (migration 0026), so
-/// each walked the whole table (`Seq Scan` on `deliveries`), the counts
-/// every scrape of the metrics.
+/// deliveries WHERE state = 'pending'`, and `'dead'`; the lists `WHERE
+/// d.state = $1`, the pending one until it read the lanes): no index holds
+/// deliveries by state (migration 0026), so each walked the whole table
+/// (`Seq Scan` on `deliveries`), the counts every scrape of the metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counting_deliveries_on_postgres_reads_only_the_pending_and_the_dead() {
     let _beside = ALONE.read().await;
@@ -343,14 +343,20 @@ async fn counting_deliveries_on_postgres_reads_only_the_pending_and_the_dead() {
         )
     };
     assert_eq!(figures(&h, now).await, counts(pending, 1));
-    let dead_letters = h
-        .store
-        .delivery_list(&DeliveryFilter {
-            run_id: None,
-            state: Some(DeliveryState::Dead),
-        })
-        .await
-        .expect("list");
+    let unsent = |with_dead: bool| -> Vec<i64> {
+        let mut ids: Vec<i64> = claimed
+            .iter()
+            .filter(|d| run_number(d) >= 120 && (with_dead || d.event.id != dead))
+            .map(|d| d.event.id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    };
+    assert_eq!(
+        listed_events(&h, DeliveryState::Pending).await,
+        unsent(false)
+    );
+    let dead_letters = listed_rows(&h, DeliveryState::Dead).await;
     let listed: Vec<(i64, Option<&str>)> = dead_letters
         .iter()
         .map(|d| (d.outbox_id, d.last_error.as_deref()))
@@ -364,6 +370,25 @@ async fn counting_deliveries_on_postgres_reads_only_the_pending_and_the_dead() {
         1
     );
     assert_eq!(figures(&h, now).await, counts(pending + 1, 0));
+    assert_eq!(
+        listed_events(&h, DeliveryState::Pending).await,
+        unsent(true)
+    );
+}
+
+/// Every delivery in `state`, of any run, as `ratchet outbox --state` lists them.
+async fn listed_rows(h: &Harness, state: DeliveryState) -> Vec<DeliveryRow> {
+    let filter = DeliveryFilter {
+        run_id: None,
+        state: Some(state),
+    };
+    h.store.delivery_list(&filter).await.expect("list")
+}
+
+/// The events of [`listed_rows`], in the order listed.
+async fn listed_events(h: &Harness, state: DeliveryState) -> Vec<i64> {
+    let rows = listed_rows(h, state).await;
+    rows.iter().map(|d| d.outbox_id).collect()
 }
 
 /// Pending deliveries by sink, and the metrics' pending and dead.

@@ -3,10 +3,11 @@
 
 use super::{AuditReport, CONTINUATION, RUNS_PER_PAGE, Violation};
 use crate::relay::Sinks;
-use crate::store::{DeliveryFilter, SinkRoute, Store, StoreError};
+use crate::store::{DeliveryFilter, DeliveryState, SinkRoute, Store, StoreError};
 
 /// Adds to `report` each delivery of `run` (or of every run, one run's
-/// deliveries in memory at a time) whose event is not in the outbox and,
+/// deliveries in memory at a time) whose event is not in the outbox, each
+/// the dead letters' table and the delivery's state disagree on and,
 /// given the sinks file, each made to a sink of it that does not take its
 /// event. A delivery to a sink the file no longer has is not judged: it
 /// waits for a relay whose file has it.
@@ -28,6 +29,31 @@ pub async fn audit_deliveries(
                 "delivery {} to sink `{}` names event {}, which is not in the outbox",
                 d.id, d.sink, d.outbox_id
             ),
+        });
+    }
+    // PostgreSQL keeps its dead letters in a table of their own as well
+    // (migration 0028): what it lists is what `--state dead` shows and
+    // `redeliver --dead` revives.
+    for d in store.deliveries_dead_misfiled(run).await? {
+        let state = d.state.map_or("gone", DeliveryState::as_str);
+        let detail = if d.listed {
+            format!(
+                "the dead letters (`dead_deliveries`) list delivery {} to sink `{}`, \
+                 whose state is {state}",
+                d.id, d.sink
+            )
+        } else {
+            format!(
+                "delivery {} to sink `{}` is dead but not among the dead letters \
+                 (`dead_deliveries`): `ratchet outbox --state dead` and `redeliver --dead` miss it",
+                d.id, d.sink
+            )
+        };
+        report.violations.push(Violation {
+            invariant: CONTINUATION,
+            run_id: d.run_id.unwrap_or_else(|| "-".into()),
+            stage: "-".into(),
+            detail,
         });
     }
     let routes = sinks.map(Sinks::routes);

@@ -267,6 +267,12 @@ macro_rules! impl_store {
             async fn deliveries_orphaned(&self, run: Option<&str>) -> Result<Vec<OrphanDelivery>> {
                 deliveries::orphaned(&self.pool, run).await
             }
+            async fn deliveries_dead_misfiled(
+                &self,
+                run: Option<&str>,
+            ) -> Result<Vec<MisfiledDeadLetter>> {
+                deliveries::dead_letters_misfiled(&self.pool, run).await
+            }
             async fn deliveries_pending_by_sink(&self) -> Result<Vec<(String, i64)>> {
                 deliveries::pending_by_sink(&self.pool).await
             }

@@ -253,6 +253,10 @@ pub trait Deliveries: Send + Sync {
     /// Deliveries (of `run`, or of every run) whose event is not in the
     /// outbox, which `delivery_list` cannot show: the audit's.
     async fn deliveries_orphaned(&self, run: Option<&str>) -> Result<Vec<OrphanDelivery>>;
+    /// Deliveries (of `run`, or of every run) on which the dead letters'
+    /// table and their state disagree: the audit's. Always none on SQLite,
+    /// which keeps no such table.
+    async fn deliveries_dead_misfiled(&self, run: Option<&str>) -> Result<Vec<MisfiledDeadLetter>>;
     /// Pending deliveries per sink, for sinks a relay's file may no longer
     /// have; sinks with none are left out. Reads what is pending, never
     /// every delivery ever made.

@@ -236,14 +236,34 @@ impl PostgresStore {
     }
 
     /// What counting the deliveries pending for each sink, counting those
-    /// pending and dead for the metrics, and listing the dead letters read
-    /// on the data there is now (`explained`): the three plans.
-    pub async fn explain_delivery_reports(&self) -> Result<[serde_json::Value; 3]> {
+    /// pending and dead for the metrics, and listing every run's pending
+    /// deliveries and dead letters read on the data there is now
+    /// (`explained`): the four plans.
+    pub async fn explain_delivery_reports(&self) -> Result<[serde_json::Value; 4]> {
+        let every_run = |state| DeliveryFilter {
+            run_id: None,
+            state: Some(state),
+        };
         Ok([
             explained(self, PENDING_BY_SINK, |q| q).await?,
             explained(self, COUNTS, |q| q).await?,
-            explained(self, DEAD_LETTERS, |q| q).await?,
+            self.explain_listing(&every_run(DeliveryState::Pending))
+                .await?,
+            self.explain_listing(&every_run(DeliveryState::Dead))
+                .await?,
         ])
+    }
+
+    /// What listing `f`'s deliveries reads (`explained`).
+    async fn explain_listing(&self, f: &DeliveryFilter) -> Result<serde_json::Value> {
+        let (sql, binds) = listing(f);
+        explained(self, sql, |mut q| {
+            for value in binds {
+                q = q.bind(value);
+            }
+            q
+        })
+        .await
     }
 
     /// What recording `finished` (results sent under the leases of their
@@ -393,30 +413,39 @@ async fn keep_dead_letters(
 /// A run's deliveries are found by their key, which starts with the run
 /// (migration 0026).
 pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
-    // Two statements, not one with `run IS NULL OR`: a generic plan of
-    // that walks every event, and the audit lists each run's.
+    let (sql, binds) = listing(f);
+    let mut query = sqlx::query(sql);
+    for value in binds {
+        query = query.bind(value);
+    }
+    let rows = query.fetch_all(pool).await?;
+    rows.iter().map(rows::delivery_row).collect()
+}
+
+/// The statement that lists `f`'s deliveries, and its values. A run's are
+/// read apart from every run's, not with `run IS NULL OR`: a generic plan
+/// of that walks every event, and the audit lists each run's. Every run's
+/// pending and dead are read from their lanes and the dead letters' table.
+fn listing(f: &DeliveryFilter) -> (&'static str, Vec<Option<&str>>) {
     let state = f.state.map(DeliveryState::as_str);
-    let rows = match (&f.run_id, f.state) {
-        (None, Some(DeliveryState::Dead)) => sqlx::query(DEAD_LETTERS),
-        (Some(run), _) => sqlx::query(
+    match (&f.run_id, f.state) {
+        (None, Some(DeliveryState::Dead)) => (DEAD_LETTERS, vec![]),
+        (None, Some(DeliveryState::Pending)) => (PENDING, vec![]),
+        (Some(run), _) => (
             "SELECT d.*, o.dedup_key, o.event, o.stage
              FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
              WHERE d.run_id = $1 AND ($2::TEXT IS NULL OR d.state = $2)
              ORDER BY d.outbox_id, d.sink",
-        )
-        .bind(run)
-        .bind(state),
-        (None, _) => sqlx::query(
+            vec![Some(run.as_str()), state],
+        ),
+        (None, _) => (
             "SELECT d.*, o.dedup_key, o.event, o.stage
              FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
              WHERE $1::TEXT IS NULL OR d.state = $1
              ORDER BY d.outbox_id, d.sink",
-        )
-        .bind(state),
+            vec![state],
+        ),
     }
-    .fetch_all(pool)
-    .await?;
-    rows.iter().map(rows::delivery_row).collect()
 }
 
 /// Every dead letter, read by key from the dead letters' table (migration
@@ -424,6 +453,20 @@ pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<Delive
 const DEAD_LETTERS: &str = "SELECT d.*, o.dedup_key, o.event, o.stage
          FROM deliveries d JOIN outbox o ON o.id = d.outbox_id
          WHERE d.id = ANY(ARRAY(SELECT id FROM dead_deliveries)) AND d.state = 'dead'
+         ORDER BY d.outbox_id, d.sink";
+
+/// Every pending delivery, read by key from the places of the lanes that
+/// have any, as [`PENDING_BY_SINK`] counts them: `ratchet outbox --state
+/// pending`. `OFFSET 0` keeps each lane's read apart: joined with the lanes
+/// as a whole, the deliveries were planned as one walk over the table.
+const PENDING: &str = "SELECT d.*, o.dedup_key, o.event, o.stage
+         FROM delivery_lanes l CROSS JOIN LATERAL (
+             SELECT * FROM deliveries d
+             WHERE d.run_id = l.run_id AND d.sink = l.sink
+               AND d.outbox_id >= COALESCE(l.first_pending, 0) AND d.state = 'pending'
+             OFFSET 0) d
+         JOIN outbox o ON o.id = d.outbox_id
+         WHERE l.due_at IS NOT NULL
          ORDER BY d.outbox_id, d.sink";
 
 /// Reads every delivery once, a run's or all: a plan for either
@@ -439,6 +482,39 @@ pub(super) async fn orphaned(pool: &PgPool, run: Option<&str>) -> Result<Vec<Orp
     .fetch_all(pool)
     .await?;
     Ok(rows.into_iter().map(OrphanDelivery::from).collect())
+}
+
+/// Dead deliveries the dead letters' table does not list, then the table's
+/// rows whose delivery is not dead or gone (migration 0028). Reads every
+/// delivery once, as [`orphaned`] does.
+pub(super) async fn dead_letters_misfiled(
+    pool: &PgPool,
+    run: Option<&str>,
+) -> Result<Vec<MisfiledDeadLetter>> {
+    type Row = (i64, String, Option<String>, Option<String>, bool);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT d.id, d.sink, d.run_id, d.state, false FROM deliveries d
+         WHERE d.state = 'dead' AND ($1::TEXT IS NULL OR d.run_id = $1)
+           AND NOT EXISTS (SELECT 1 FROM dead_deliveries x WHERE x.id = d.id)
+         UNION ALL
+         SELECT x.id, x.sink, d.run_id, d.state, true
+         FROM dead_deliveries x LEFT JOIN deliveries d ON d.id = x.id
+         WHERE d.state IS DISTINCT FROM 'dead' AND ($1::TEXT IS NULL OR d.run_id = $1)
+         ORDER BY 1",
+    )
+    .bind(run)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, sink, run_id, state, listed)| MisfiledDeadLetter {
+            id,
+            sink,
+            run_id,
+            state: state.as_deref().and_then(DeliveryState::parse),
+            listed,
+        })
+        .collect())
 }
 
 /// Pending deliveries by sink, counted in the lanes that have any

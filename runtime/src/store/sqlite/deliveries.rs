@@ -291,6 +291,15 @@ pub(super) async fn list(pool: &SqlitePool, f: &DeliveryFilter) -> Result<Vec<De
     rows.iter().map(rows::delivery_row).collect()
 }
 
+/// Always empty: SQLite finds its dead letters through an index of them,
+/// not a table of their own.
+pub(super) async fn dead_letters_misfiled(
+    _: &SqlitePool,
+    _: Option<&str>,
+) -> Result<Vec<MisfiledDeadLetter>> {
+    Ok(Vec::new())
+}
+
 /// Always empty unless a hand on the database turned the foreign key off.
 pub(super) async fn orphaned(pool: &SqlitePool, run: Option<&str>) -> Result<Vec<OrphanDelivery>> {
     let rows: Vec<(i64, i64, String, String)> = sqlx::query_as(

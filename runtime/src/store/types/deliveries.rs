@@ -310,6 +310,25 @@ impl From<(i64, i64, String, String)> for OrphanDelivery {
     }
 }
 
+/// A delivery on which PostgreSQL's dead letters' table (`dead_deliveries`,
+/// migration 0028) and the delivery's own state disagree: a dead delivery
+/// the table does not list, which `ratchet outbox --state dead` and
+/// `redeliver --dead` would miss, or a row of the table whose delivery is
+/// not dead, or gone. Only a hand on the database makes one, and the audit
+/// reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MisfiledDeadLetter {
+    pub id: i64,
+    pub sink: String,
+    /// The delivery's run; `None` when the table lists a delivery that is
+    /// gone.
+    pub run_id: Option<String>,
+    /// The delivery's state; `None` when it is gone.
+    pub state: Option<DeliveryState>,
+    /// Whether the dead letters' table lists it.
+    pub listed: bool,
+}
+
 /// Dead letters to deliver again, under the same dedup key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Redeliver {

@@ -271,7 +271,7 @@ macro_rules! impl_store {
                 &self,
                 run: Option<&str>,
             ) -> Result<Vec<MisfiledDeadLetter>> {
-                deliveries::dead_letters_misfiled(&self.pool, run).await
+                deliveries::dead_misfiled(&self.pool, run).await
             }
             async fn deliveries_pending_by_sink(&self) -> Result<Vec<(String, i64)>> {
                 deliveries::pending_by_sink(&self.pool).await

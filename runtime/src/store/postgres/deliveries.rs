@@ -256,14 +256,8 @@ impl PostgresStore {
 
     /// What listing `f`'s deliveries reads (`explained`).
     async fn explain_listing(&self, f: &DeliveryFilter) -> Result<serde_json::Value> {
-        let (sql, binds) = listing(f);
-        explained(self, sql, |mut q| {
-            for value in binds {
-                q = q.bind(value);
-            }
-            q
-        })
-        .await
+        let (sql, values) = listing(f);
+        explained(self, sql, |q| bind_all(q, values)).await
     }
 
     /// What recording `finished` (results sent under the leases of their
@@ -413,13 +407,16 @@ async fn keep_dead_letters(
 /// A run's deliveries are found by their key, which starts with the run
 /// (migration 0026).
 pub(super) async fn list(pool: &PgPool, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
-    let (sql, binds) = listing(f);
-    let mut query = sqlx::query(sql);
-    for value in binds {
+    let (sql, values) = listing(f);
+    let rows = bind_all(sqlx::query(sql), values).fetch_all(pool).await?;
+    rows.iter().map(rows::delivery_row).collect()
+}
+
+fn bind_all<'q>(mut query: PgQuery<'q>, values: Vec<Option<&'q str>>) -> PgQuery<'q> {
+    for value in values {
         query = query.bind(value);
     }
-    let rows = query.fetch_all(pool).await?;
-    rows.iter().map(rows::delivery_row).collect()
+    query
 }
 
 /// The statement that lists `f`'s deliveries, and its values. A run's are
@@ -487,7 +484,7 @@ pub(super) async fn orphaned(pool: &PgPool, run: Option<&str>) -> Result<Vec<Orp
 /// Dead deliveries the dead letters' table does not list, then the table's
 /// rows whose delivery is not dead or gone (migration 0028). Reads every
 /// delivery once, as [`orphaned`] does.
-pub(super) async fn dead_letters_misfiled(
+pub(super) async fn dead_misfiled(
     pool: &PgPool,
     run: Option<&str>,
 ) -> Result<Vec<MisfiledDeadLetter>> {

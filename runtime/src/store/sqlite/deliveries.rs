@@ -293,7 +293,7 @@ pub(super) async fn list(pool: &SqlitePool, f: &DeliveryFilter) -> Result<Vec<De
 
 /// Always empty: SQLite finds its dead letters through an index of them,
 /// not a table of their own.
-pub(super) async fn dead_letters_misfiled(
+pub(super) async fn dead_misfiled(
     _: &SqlitePool,
     _: Option<&str>,
 ) -> Result<Vec<MisfiledDeadLetter>> {
